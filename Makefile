@@ -1,0 +1,44 @@
+# One entry point for every check, the same locally and in CI (.ci/run calls `make test`).
+#   make demo    diagnose a bundled real failure (installs what it needs)
+#   make test    lint (ruff), types (mypy --strict), then the test suite
+#   make bench   throughput and latency figures as one JSON object (bench/results.json)
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed-stamp
+
+.PHONY: all venv check lint types test demo bench clean
+
+all: test
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and "Python >= 3.11 is required")'
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	@touch $(STAMP)
+
+venv: $(STAMP)
+
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+types: venv
+	$(VENV)/bin/mypy
+
+check: lint types
+
+test: check
+	$(VENV)/bin/trainmedic rules test
+	$(PY) -m pytest -q
+
+demo: venv
+	$(VENV)/bin/trainmedic diagnose --logs examples/gpu-fell-off-bus
+
+bench: venv
+	$(PY) bench/run.py
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache build *.egg-info

@@ -1,0 +1,1 @@
+"""The daemon and the command line: config, bus, watchers, pipeline wiring, store, API, CLI."""

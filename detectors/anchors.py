@@ -1,0 +1,107 @@
+"""Required-literal extraction: for a regex, a set of literals at least one of which every match contains.
+
+This is what lets the pure-`re` path avoid running every pattern on every line: it searches a
+chunk for the anchors with `bytes.find` (C speed), and runs the real regex only on lines that hold
+one. A pattern for which no safe anchor set exists falls back to a full regex scan of the chunk.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import re._parser as sre_parse  # type: ignore[import-not-found]
+from re._constants import (  # type: ignore[import-not-found]
+    BRANCH,
+    LITERAL,
+    MAX_REPEAT,
+    MIN_REPEAT,
+    SUBPATTERN,
+)
+
+try:  # 3.11+
+    from re._constants import POSSESSIVE_REPEAT  # type: ignore[import-not-found]
+except ImportError:  # pragma: no cover
+    POSSESSIVE_REPEAT = MAX_REPEAT
+
+MIN_ANCHOR_LEN = 3
+
+
+@dataclass(frozen=True, slots=True)
+class Anchor:
+    """A literal to look for; `ci` means search the lower-cased chunk for the lower-cased literal."""
+
+    literal: bytes
+    ci: bool
+
+
+def _best(candidates: list[frozenset[Anchor]]) -> frozenset[Anchor] | None:
+    best: frozenset[Anchor] | None = None
+    best_score = (-1, 0)
+    for cand in candidates:
+        if not cand:
+            continue
+        score = (min(len(a.literal) for a in cand), -len(cand))
+        if score > best_score:
+            best, best_score = cand, score
+    return best
+
+
+def _seq(items: Any, ci: bool) -> frozenset[Anchor] | None:
+    candidates: list[frozenset[Anchor]] = []
+    run: list[str] = []
+
+    def flush() -> None:
+        if run:
+            text = "".join(run)
+            if ci and not text.isascii():
+                run.clear()  # bytes.lower() and str.lower() disagree outside ASCII: no anchor
+                return
+            lit = (text.lower() if ci else text).encode("utf-8")
+            candidates.append(frozenset({Anchor(lit, ci)}))
+            run.clear()
+
+    for op, av in items:
+        if op is LITERAL:
+            run.append(chr(av))
+            continue
+        flush()
+        if op is SUBPATTERN:
+            _group, add_flags, del_flags, sub = av
+            sub_ci = (ci or bool(add_flags & re.IGNORECASE)) and not (del_flags & re.IGNORECASE)
+            found = _seq(sub, sub_ci)
+            if found:
+                candidates.append(found)
+        elif op is BRANCH:
+            _, branches = av
+            union: set[Anchor] = set()
+            for branch in branches:
+                found = _seq(branch, ci)
+                if not found:
+                    union = set()
+                    break
+                union |= found
+            if union:
+                candidates.append(frozenset(union))
+        elif op in (MAX_REPEAT, MIN_REPEAT, POSSESSIVE_REPEAT):
+            lo, _hi, sub = av
+            if lo >= 1:
+                found = _seq(sub, ci)
+                if found:
+                    candidates.append(found)
+    flush()
+    return _best(candidates)
+
+
+def required_anchors(pattern: str) -> frozenset[Anchor] | None:
+    """Anchors for `pattern` (any match contains at least one), or None when none is safe."""
+    try:
+        parsed = sre_parse.parse(pattern)
+    except (re.error, RecursionError):
+        return None
+    ci = bool(parsed.state.flags & re.IGNORECASE)
+    found = _seq(parsed, ci)
+    if found is None or min(len(a.literal) for a in found) < MIN_ANCHOR_LEN:
+        return None
+    return found

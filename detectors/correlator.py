@@ -1,0 +1,163 @@
+"""Correlation: many findings from many ranks and nodes of one job become one root cause.
+
+The reasoning, in order:
+
+1. Enrich: each finding's (chip, code) is looked up in the vendor catalog (udal), which gives the
+   vendor's own action bucket, the normalized action, the origin (hardware / application / ...) and
+   whether the code is by nature a consequence of an earlier error (Xid 45).
+2. Explain consequences: a consequence code (Xid 45 "preemptive cleanup, due to previous errors")
+   is explained by any other device error of the same job, or by the Xid named in its own
+   "caused by previous Xid N" trailer; collective timeouts and communication errors are explained by
+   any stronger cause (a rank that died of a device error or OOM leaves its peers waiting).
+3. Rank: hardware device errors > host OOM kills > accelerator OOM > application-caused device
+   errors (Xid 13/31/43, illegal address) > communication init > communication errors > hangs.
+   Within one weight, the earliest finding wins (the first observed failure).
+4. Localise: node / device / rank of the winning finding, plus every rank and node where the same
+   code was seen.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import udal
+from trainmedic.models import (
+    SEVERITY_RANK,
+    Action,
+    Diagnosis,
+    FaultClass,
+    Finding,
+    I18nText,
+    RootCause,
+)
+
+CLASS_WEIGHT: dict[FaultClass, int] = {
+    FaultClass.DEVICE_ERROR: 90,
+    FaultClass.HOST_OOM: 80,
+    FaultClass.ACCELERATOR_OOM: 75,
+    FaultClass.COMM_INIT: 60,
+    FaultClass.COMM_ERROR: 40,
+    FaultClass.HANG: 20,
+}
+APPLICATION_DEVICE_ERROR_WEIGHT = 70
+IGNORABLE_WEIGHT = 8
+CONSEQUENCE_WEIGHT = 4
+# Symptoms that a stronger cause elsewhere in the job explains.
+SYMPTOM_CLASSES = frozenset({FaultClass.HANG, FaultClass.COMM_ERROR})
+
+
+def enrich(finding: Finding) -> tuple[Finding, udal.CatalogEntry | None]:
+    """The finding with the vendor's action and class applied from the chip catalog."""
+    entry = udal.lookup(finding.chip, finding.code)
+    if entry is None:
+        return finding, None
+    update: dict[str, object] = {"vendor_action": entry.vendor_action, "action": entry.action}
+    if entry.fault_class is not None:
+        update["fault_class"] = entry.fault_class
+    return finding.model_copy(update=update), entry
+
+
+def weight(finding: Finding, entry: udal.CatalogEntry | None) -> int:
+    if finding.consequence_of is not None:
+        return CONSEQUENCE_WEIGHT
+    if finding.priority is not None:
+        base = finding.priority
+    else:
+        base = CLASS_WEIGHT[finding.fault_class]
+        if finding.fault_class is FaultClass.DEVICE_ERROR and entry is not None and entry.origin == "application":
+            base = APPLICATION_DEVICE_ERROR_WEIGHT
+    if finding.action is Action.IGNORE:
+        base = min(base, IGNORABLE_WEIGHT)
+    return base * 4 + SEVERITY_RANK[finding.severity]
+
+
+def correlate(findings: Sequence[Finding], *, lines_scanned: int = 0) -> Diagnosis:
+    """Reduce the findings of one job (or one `diagnose` run) to a diagnosis."""
+    enriched = [enrich(f) for f in findings]
+    _explain_consequences(enriched)
+    weights = [weight(f, e) for f, e in enriched]
+    if not enriched:
+        return Diagnosis(root_cause=None, findings=[], distinct_findings=0, lines_scanned=lines_scanned)
+    # Max weight; ties go to the earliest finding (input order is file order, then line order).
+    best = max(range(len(enriched)), key=lambda i: (weights[i], -i))
+    root_finding, root_entry = enriched[best]
+    root = _root_cause(root_finding, root_entry, [f for f, _ in enriched])
+    for i, (f, _) in enumerate(enriched):
+        if i != best and f.consequence_of is None and f.fault_class in SYMPTOM_CLASSES \
+                and weights[i] < weights[best]:
+            f.consequence_of = root.code
+    ordered = [enriched[i][0] for i in sorted(range(len(enriched)), key=lambda i: (-weights[i], i))]
+    return Diagnosis(
+        root_cause=root, findings=ordered, distinct_findings=len(ordered), lines_scanned=lines_scanned
+    )
+
+
+def _explain_consequences(enriched: list[tuple[Finding, udal.CatalogEntry | None]]) -> None:
+    causes = [
+        f for f, e in enriched
+        if f.fault_class is FaultClass.DEVICE_ERROR and not (e is not None and e.consequence)
+    ]
+    for f, e in enriched:
+        if e is None or not e.consequence:
+            continue
+        same_place = [c for c in causes if c.device == f.device or c.node == f.node]
+        pick = same_place or causes
+        if pick:
+            f.consequence_of = pick[0].code
+
+
+def _root_cause(root: Finding, entry: udal.CatalogEntry | None, findings: list[Finding]) -> RootCause:
+    same = [f for f in findings if f.code == root.code and f.fault_class is root.fault_class]
+    ranks = sorted({f.rank for f in same if f.rank is not None})
+    nodes = sorted({f.node for f in same if f.node is not None})
+    devices = sorted({f.device for f in same if f.device is not None})
+    rank = root.rank if root.rank is not None else (ranks[0] if len(ranks) == 1 else None)
+    node = root.node if root.node is not None else (nodes[0] if len(nodes) == 1 else None)
+    device = root.device if root.device is not None else (devices[0] if len(devices) == 1 else None)
+    # A collective timeout seen on several ranks does not say which rank is at fault.
+    if root.fault_class is FaultClass.HANG and len(ranks) > 1:
+        rank = None
+    what = root.message or I18nText(en=root.code, zh=root.code)
+    if entry is not None:
+        label = f"{root.code} ({entry.mnemonic})" if entry.mnemonic else root.code
+        what = I18nText(en=f"{what.en}. {label}: {entry.message.en}", zh=f"{what.zh}。{label}：{entry.message.zh}")
+    where_en, where_zh = _where(node, device, rank, ranks)
+    summary = I18nText(en=f"{what.en}{where_en}", zh=f"{what.zh}{where_zh}")
+    return RootCause(
+        fault_class=root.fault_class,
+        chip=root.chip,
+        code=root.code,
+        vendor_action=root.vendor_action,
+        action=root.action,
+        node=node,
+        device=device,
+        rank=rank,
+        summary=summary,
+        hint=root.hint,
+        rule_id=root.rule_id,
+        severity=root.severity,
+        occurrences=sum(f.count for f in same),
+        ranks=ranks,
+        nodes=nodes,
+    )
+
+
+def _where(node: str | None, device: str | None, rank: int | None, ranks: list[int]) -> tuple[str, str]:
+    en: list[str] = []
+    zh: list[str] = []
+    if node:
+        en.append(f"node {node}")
+        zh.append(f"节点 {node}")
+    if device:
+        en.append(f"device {device}")
+        zh.append(f"设备 {device}")
+    if rank is not None:
+        en.append(f"rank {rank}")
+        zh.append(f"rank {rank}")
+    elif len(ranks) > 1:
+        shown = ", ".join(map(str, ranks[:8])) + (" ..." if len(ranks) > 8 else "")
+        en.append(f"seen on ranks {shown}")
+        zh.append(f"出现在 rank {shown}")
+    if not en:
+        return "", ""
+    return " (" + ", ".join(en) + ")", "（" + "，".join(zh) + "）"

@@ -1,0 +1,233 @@
+"""Load rule files into a validated RuleSet, collecting every problem with its file and line.
+
+Loading refuses to start on any error: unknown keys, bad regexes, unresolved templates, duplicate
+ids, patterns that match an empty line, stable rules without examples, and examples that fail
+(the examples are run through the real engine). Warnings (e.g. an experimental rule without
+examples) are reported but do not block.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from detectors.schema import Rule, RuleFile, RuleStatus
+from rules import RULES_DIR
+from trainmedic.errors import Problem, RuleLoadError
+
+MAX_RULE_FILE_BYTES = 4 * 1024 * 1024
+
+
+@dataclass
+class RuleSet:
+    """Validated rules, in load order, with where each one came from."""
+
+    rules: list[Rule] = field(default_factory=list)
+    origins: dict[str, tuple[str, int | None]] = field(default_factory=dict)
+    warnings: list[Problem] = field(default_factory=list)
+
+    def by_id(self, rule_id: str) -> Rule:
+        for rule in self.rules:
+            if rule.id == rule_id:
+                return rule
+        raise KeyError(rule_id)
+
+
+def rule_files(dirs: Iterable[Path]) -> list[Path]:
+    files: list[Path] = []
+    for d in dirs:
+        if d.is_file():
+            files.append(d)
+        else:
+            files.extend(sorted(p for p in d.glob("*.y*ml") if p.suffix in (".yaml", ".yml")))
+    return files
+
+
+def _node_line(node: yaml.Node | None, loc: Sequence[int | str]) -> int | None:
+    """The 1-based line of the YAML node at `loc` (a pydantic error location), or its nearest parent."""
+    line = node.start_mark.line + 1 if node is not None else None
+    for key in loc:
+        if isinstance(node, yaml.MappingNode):
+            nxt = next((v for k, v in node.value if getattr(k, "value", None) == key), None)
+            if nxt is None:
+                # Unknown key: point at the key itself.
+                knode = next((k for k, _ in node.value if getattr(k, "value", None) == key), None)
+                return knode.start_mark.line + 1 if knode is not None else line
+            node = nxt
+        elif isinstance(node, yaml.SequenceNode) and isinstance(key, int) and key < len(node.value):
+            node = node.value[key]
+        else:
+            break
+        line = node.start_mark.line + 1
+    return line
+
+
+def parse_rule_file(path: Path) -> tuple[list[tuple[Rule, int | None]], list[Problem]]:
+    """Parse one file. Returns the valid rules (with their line) and every problem found."""
+    name = str(path)
+    problems: list[Problem] = []
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        return [], [Problem(name, None, f"cannot read: {exc.strerror or exc}")]
+    if len(raw) > MAX_RULE_FILE_BYTES:
+        return [], [Problem(name, None, f"file is {len(raw)} bytes, over the {MAX_RULE_FILE_BYTES} limit")]
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return [], [Problem(name, None, f"not UTF-8: {exc}")]
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        data: Any = yaml.safe_load(text)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        return [], [Problem(name, mark.line + 1 if mark else None, f"YAML syntax: {exc.problem or exc}")]
+    except yaml.YAMLError as exc:
+        return [], [Problem(name, None, f"YAML: {exc}")]
+    if data is None:
+        return [], [Problem(name, None, "empty rule file", warning=True)]
+    if not isinstance(data, dict):
+        return [], [Problem(name, 1, "a rule file is a mapping with `version` and `rules`")]
+
+    # Validate rule by rule so one bad rule does not hide the others.
+    rules_data = data.get("rules")
+    header = {k: v for k, v in data.items() if k != "rules"}
+    try:
+        RuleFile.model_validate({**header, "rules": []})
+    except ValidationError as exc:
+        for err in exc.errors():
+            problems.append(Problem(name, _node_line(root, err["loc"]), _fmt(err)))
+    if rules_data is None:
+        return [], [*problems, Problem(name, 1, "no `rules:` list", warning=True)]
+    if not isinstance(rules_data, list):
+        return [], [*problems, Problem(name, _node_line(root, ["rules"]), "`rules` must be a list")]
+
+    good: list[tuple[Rule, int | None]] = []
+    for i, item in enumerate(rules_data):
+        line = _node_line(root, ["rules", i])
+        rule_id = item.get("id") if isinstance(item, dict) else None
+        try:
+            rule = Rule.model_validate(item)
+        except ValidationError as exc:
+            for err in exc.errors():
+                problems.append(
+                    Problem(name, _node_line(root, ["rules", i, *err["loc"]]), _fmt(err), str(rule_id))
+                )
+            continue
+        problems.extend(_lint_rule(rule, name, line))
+        good.append((rule, line))
+    return good, problems
+
+
+def _fmt(err: Any) -> str:
+    loc = ".".join(str(p) for p in err["loc"])
+    msg = str(err["msg"])
+    if err["type"] == "extra_forbidden":
+        msg = "unknown key"
+    return f"{loc}: {msg}" if loc else msg
+
+
+def _lint_rule(rule: Rule, file: str, line: int | None) -> list[Problem]:
+    out: list[Problem] = []
+    for i, pattern in enumerate(rule.compiled()):
+        if pattern.search("") is not None:
+            out.append(Problem(file, line, f"pattern {i} matches an empty line", rule.id))
+    if not rule.examples.match:
+        if rule.status is RuleStatus.STABLE:
+            out.append(Problem(file, line, "stable rule without `examples.match`", rule.id))
+        else:
+            out.append(Problem(file, line, "experimental rule without examples", rule.id, warning=True))
+    return out
+
+
+def load_rules(
+    extra_dirs: Sequence[Path] = (),
+    *,
+    include_shipped: bool = True,
+    run_examples: bool = True,
+) -> RuleSet:
+    """Load the shipped rules plus users' rule directories. Raises RuleLoadError with every problem."""
+    dirs = ([RULES_DIR] if include_shipped else []) + [Path(d) for d in extra_dirs]
+    problems: list[Problem] = []
+    ruleset = RuleSet()
+    for d in dirs:
+        if not d.exists():
+            problems.append(Problem(str(d), None, "rule directory does not exist"))
+    files = rule_files(d for d in dirs if d.exists())
+    if not files:
+        problems.append(Problem(", ".join(map(str, dirs)) or "-", None, "no rule files found"))
+    for path in files:
+        rules, file_problems = parse_rule_file(path)
+        problems.extend(file_problems)
+        for rule, line in rules:
+            if rule.id in ruleset.origins:
+                first_file, first_line = ruleset.origins[rule.id]
+                problems.append(
+                    Problem(str(path), line, f"duplicate id, first defined at {first_file}:{first_line}", rule.id)
+                )
+                continue
+            ruleset.origins[rule.id] = (str(path), line)
+            ruleset.rules.append(rule)
+    if run_examples and ruleset.rules:
+        problems.extend(check_examples(ruleset))
+    errors = [p for p in problems if not p.warning]
+    ruleset.warnings = [p for p in problems if p.warning]
+    if errors:
+        raise RuleLoadError(problems)
+    return ruleset
+
+
+def check_examples(ruleset: RuleSet) -> list[Problem]:
+    """Run every embedded example through the real engine (the `re` path); one problem per failure."""
+    from detectors.engine import Engine  # the engine depends on the schema, not on the loader
+
+    engine = Engine(ruleset.rules, fast=False)
+    problems: list[Problem] = []
+    for rule in ruleset.rules:
+        file, line = ruleset.origins[rule.id]
+        for ex in rule.examples.match:
+            hits = [f for f in engine.scan_text(ex.line) if f.rule_id == rule.id]
+            if not hits:
+                problems.append(Problem(file, line, f"example does not match: {_short(ex.line)}", rule.id))
+                continue
+            if not any(h.code == ex.code for h in hits):
+                got = sorted({h.code for h in hits})
+                problems.append(
+                    Problem(file, line, f"example gives code {got}, expected {ex.code!r}: {_short(ex.line)}",
+                            rule.id)
+                )
+            expected_class = ex.fault_class or rule.fault_class
+            if not any(h.fault_class == expected_class for h in hits):
+                problems.append(
+                    Problem(file, line, f"example gives class {hits[0].fault_class}, expected {expected_class}",
+                            rule.id)
+                )
+            for group, value in ex.groups.items():
+                got_values = {_group_value(h, group) for h in hits}
+                if value not in got_values:
+                    problems.append(
+                        Problem(file, line, f"example group {group}={sorted(map(str, got_values))}, "
+                                f"expected {value!r}: {_short(ex.line)}", rule.id)
+                    )
+        for neg in rule.examples.no_match:
+            if any(f.rule_id == rule.id for f in engine.scan_text(neg)):
+                problems.append(Problem(file, line, f"no_match example matches: {_short(neg)}", rule.id))
+    return problems
+
+
+def _group_value(finding: Any, group: str) -> str | None:
+    value = finding.groups.get(group) if hasattr(finding, "groups") else None
+    if value is None and group in ("node", "device", "rank"):
+        value = getattr(finding, group, None)
+    return None if value is None else str(value)
+
+
+def _short(text: str, limit: int = 100) -> str:
+    text = re.sub(r"\s+", " ", text)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

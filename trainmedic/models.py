@@ -1,0 +1,186 @@
+"""The shared vocabulary of trainmedic: fault classes, chips, actions, findings, diagnoses.
+
+This is the one leaf module every other package may import (see DESIGN.md, "Layout"). It imports
+nothing from the project. The string values are contracts: other tools read them from JSON.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class FaultClass(StrEnum):
+    """Chip-neutral failure class (DESIGN.md, "Contracts")."""
+
+    ACCELERATOR_OOM = "accelerator_oom"
+    HOST_OOM = "host_oom"
+    DEVICE_ERROR = "device_error"
+    COMM_INIT = "comm_init"
+    COMM_ERROR = "comm_error"
+    HANG = "hang"
+
+
+class Chip(StrEnum):
+    NVIDIA = "nvidia"
+    ASCEND = "ascend"
+    CAMBRICON = "cambricon"
+    GENERIC = "generic"
+
+
+class Action(StrEnum):
+    """Normalized remediation bucket every vendor bucket maps onto."""
+
+    IGNORE = "ignore"
+    RESTART_APP = "restart_app"
+    RESET_DEVICE = "reset_device"
+    REBOOT_NODE = "reboot_node"
+    ISOLATE_NODE = "isolate_node"
+    CONTACT_SUPPORT = "contact_support"
+
+
+class Source(StrEnum):
+    """Where an input line or event came from."""
+
+    CONTAINER_LOG = "container_log"
+    KERNEL = "kernel"
+    K8S_EVENT = "k8s_event"
+    POD_STATUS = "pod_status"
+    METRIC = "metric"
+
+
+class Severity(StrEnum):
+    INFO = "info"
+    WARNING = "warning"
+    ERROR = "error"
+    CRITICAL = "critical"
+
+
+SEVERITY_RANK: dict[Severity, int] = {
+    Severity.INFO: 0,
+    Severity.WARNING: 1,
+    Severity.ERROR: 2,
+    Severity.CRITICAL: 3,
+}
+
+
+class I18nText(BaseModel):
+    """A user-facing text in both languages the project speaks."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    en: str = Field(min_length=1)
+    zh: str = Field(min_length=1)
+
+    def get(self, lang: str) -> str:
+        return self.zh if lang == "zh" else self.en
+
+
+class Finding(BaseModel):
+    """One rule match on one input line (or a few joined continuation lines).
+
+    `line_no` is 1-based within `file`; `text` is the matched line after preprocessing
+    (ANSI stripped, continuation lines joined), bounded in length.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    rule_id: str
+    fault_class: FaultClass
+    chip: Chip
+    code: str
+    source: Source
+    severity: Severity
+    line_no: int | None = None
+    text: str = ""
+    file: str | None = None
+    node: str | None = None
+    device: str | None = None
+    rank: int | None = None
+    pod: str | None = None
+    namespace: str | None = None
+    job: str | None = None
+    timestamp: float | None = None
+    vendor_action: str | None = None
+    action: Action | None = None
+    message: I18nText | None = None
+    hint: I18nText | None = None
+    # Correlation weight override from the rule (0-100); None lets the fault class decide.
+    priority: int | None = None
+    # Named-group values of the match (code/message templates, localisation).
+    groups: dict[str, str] = Field(default_factory=dict)
+    # Identical findings (same rule, code and place) are folded into one: how many, and the last line.
+    count: int = 1
+    last_line_no: int | None = None
+    # Set by the correlator: this finding is explained by another one (e.g. Xid 45 after Xid 79).
+    consequence_of: str | None = None
+
+    def contract_dict(self) -> dict[str, object]:
+        """The finding as DESIGN.md's `diagnose --format json` shape (plus `file` and `count`)."""
+        return {
+            "rule_id": self.rule_id,
+            "fault_class": self.fault_class.value,
+            "chip": self.chip.value,
+            "code": self.code,
+            "source": self.source.value,
+            "line_no": self.line_no,
+            "text": self.text,
+            "file": self.file,
+            "count": self.count,
+        }
+
+
+class RootCause(BaseModel):
+    """The one cause a diagnosis settles on, localised."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    fault_class: FaultClass
+    chip: Chip
+    code: str
+    vendor_action: str | None = None
+    action: Action | None = None
+    node: str | None = None
+    device: str | None = None
+    rank: int | None = None
+    summary: I18nText
+    hint: I18nText | None = None
+    rule_id: str
+    severity: Severity
+    # How many findings (lines) support this cause, across how many ranks / nodes.
+    occurrences: int = 1
+    ranks: list[int] = Field(default_factory=list)
+    nodes: list[str] = Field(default_factory=list)
+
+    def contract_dict(self, lang: str = "en") -> dict[str, object]:
+        return {
+            "fault_class": self.fault_class.value,
+            "chip": self.chip.value,
+            "code": self.code,
+            "vendor_action": self.vendor_action,
+            "action": self.action.value if self.action else None,
+            "node": self.node,
+            "device": self.device,
+            "rank": self.rank,
+            "summary": self.summary.get(lang),
+            "hint": self.hint.get(lang) if self.hint else None,
+        }
+
+
+class Diagnosis(BaseModel):
+    """What the correlator concludes from the findings of one job (or one diagnose run)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    root_cause: RootCause | None
+    findings: list[Finding]
+    # Findings the correlator kept as evidence after de-duplication, with their repeat counts.
+    distinct_findings: int = 0
+    lines_scanned: int = 0
+
+    def contract_dict(self, lang: str = "en") -> dict[str, object]:
+        return {
+            "root_cause": self.root_cause.contract_dict(lang) if self.root_cause else None,
+            "findings": [f.contract_dict() for f in self.findings],
+        }
