@@ -8,10 +8,8 @@ one. A pattern for which no safe anchor set exists falls back to a full regex sc
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
-from typing import Any
-
 import re._parser as sre_parse  # type: ignore[import-not-found]
+from dataclasses import dataclass
 from re._constants import (  # type: ignore[import-not-found]
     BRANCH,
     LITERAL,
@@ -19,6 +17,7 @@ from re._constants import (  # type: ignore[import-not-found]
     MIN_REPEAT,
     SUBPATTERN,
 )
+from typing import Any
 
 try:  # 3.11+
     from re._constants import POSSESSIVE_REPEAT  # type: ignore[import-not-found]

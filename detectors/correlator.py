@@ -4,7 +4,8 @@ The reasoning, in order:
 
 1. Enrich: each finding's (chip, code) is looked up in the vendor catalog (udal), which gives the
    vendor's own action bucket, the normalized action, the origin (hardware / application / ...) and
-   whether the code is by nature a consequence of an earlier error (Xid 45).
+   whether the code is by nature a consequence of an earlier error (Xid 45). The fault class stays
+   the rule's.
 2. Explain consequences: a consequence code (Xid 45 "preemptive cleanup, due to previous errors")
    is explained by any other device error of the same job, or by the Xid named in its own
    "caused by previous Xid N" trailer; collective timeouts and communication errors are explained by
@@ -51,9 +52,9 @@ def enrich(finding: Finding) -> tuple[Finding, udal.CatalogEntry | None]:
     entry = udal.lookup(finding.chip, finding.code)
     if entry is None:
         return finding, None
+    # The rule's fault class stands: it sees the context (an HCCL return code raised by
+    # HcclCommInitRootInfo is an init failure, the same code from an all-reduce is not).
     update: dict[str, object] = {"vendor_action": entry.vendor_action, "action": entry.action}
-    if entry.fault_class is not None:
-        update["fault_class"] = entry.fault_class
     return finding.model_copy(update=update), entry
 
 
@@ -118,11 +119,14 @@ def _root_cause(root: Finding, entry: udal.CatalogEntry | None, findings: list[F
     if root.fault_class is FaultClass.HANG and len(ranks) > 1:
         rank = None
     what = root.message or I18nText(en=root.code, zh=root.code)
-    if entry is not None:
-        label = f"{root.code} ({entry.mnemonic})" if entry.mnemonic else root.code
-        what = I18nText(en=f"{what.en}. {label}: {entry.message.en}", zh=f"{what.zh}。{label}：{entry.message.zh}")
     where_en, where_zh = _where(node, device, rank, ranks)
-    summary = I18nText(en=f"{what.en}{where_en}", zh=f"{what.zh}{where_zh}")
+    en, zh = f"{what.en.rstrip('.')}{where_en}.", f"{what.zh.rstrip('。')}{where_zh}。"
+    if entry is not None:
+        # What the vendor says it means: its own words in English, our rendering in Chinese.
+        label = f"{root.code} {entry.mnemonic}" if entry.mnemonic else root.code
+        en += f" Vendor: {label}: {entry.description.rstrip('.')}."
+        zh += f"厂商说明（{label}）：{entry.message.zh}"
+    summary = I18nText(en=en, zh=zh)
     return RootCause(
         fault_class=root.fault_class,
         chip=root.chip,

@@ -26,7 +26,7 @@ from __future__ import annotations
 import bisect
 import json
 import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
@@ -48,7 +48,12 @@ ANSI_RE = re.compile(rb"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)
 MAX_TEXT = 2000  # characters of a line kept in a finding
 MAX_JSON_LINE = 1 << 20  # JSON lines longer than this are matched raw only
 CHUNK_BYTES = 16 << 20  # streamed input is classified in chunks of about this size
+WRAP_MIN_LEN = 60  # a line shorter than this is not taken for a terminal-wrapped one
+MAX_WRAPPED_LINES = 3  # physical lines put back together into one
+MEMO_SIZE = 4096  # distinct candidate lines whose confirm result is remembered per chunk
+_NOT_WRAP_START = np.frombuffer(b" \t\r\n[({<", dtype=np.uint8)
 _NAMED_GROUP = re.compile(r"\(\?P<[A-Za-z_][A-Za-z0-9_]*>")
+_WIDE_REPEAT = re.compile(r"(?<!\\)\{(\d+),(?:1[7-9]|[2-9]\d|\d{3,})\}")
 _TRAILING_ANY = re.compile(r"(?:\.[*+]\??)+\$?$")
 
 
@@ -72,8 +77,12 @@ class Engine:
         *,
         fast: bool | None = None,
         sources: Iterable[Source] | None = None,
+        unwrap: bool = True,
     ) -> None:
         wanted = set(sources) if sources is not None else None
+        # Look for matches split by a terminal's hard wrap (pasted logs). Container logs captured by
+        # the runtime are never wrapped, so the pipeline turns this off.
+        self.unwrap = unwrap
         self.rules: list[Rule] = [r for r in rules if wanted is None or wanted & set(r.source)]
         self.fast = HYPERSCAN_AVAILABLE if fast is None else fast
         if self.fast and not HYPERSCAN_AVAILABLE:
@@ -158,28 +167,46 @@ class Engine:
         lines = _Lines(body, nl)
 
         # line index -> pattern ids that may match there
-        cands: dict[int, set[int]] = {}
-        for pid, end in self._prefilters[False].scan(body):
-            cands.setdefault(lines.index_of(end - 1), set()).add(pid)
+        cands = _by_line(self._prefilters[False].scan(body), nl)
         cont_cands: dict[int, set[int]] = {}
         if self._cont_ids:
             joined = _join_continuations(body, nl)
-            for pid, end in self._prefilters[True].scan(joined):
-                start = lines.record_start(lines.index_of(end - 1), joined)
-                cont_cands.setdefault(start, set()).add(pid)
+            for idx, pids in _by_line(self._prefilters[True].scan(joined), nl).items():
+                cont_cands.setdefault(lines.record_start(idx, joined), set()).update(pids)
 
-        findings: list[Finding] = []
-        memo: dict[tuple[bytes, frozenset[int]], list[Finding]] = {}
-        for idx in sorted(cands):
-            raw = lines.get(idx)
-            key = (raw, frozenset(cands[idx]))
-            cached = memo.get(key)
-            if cached is None:
-                cached = self._confirm_line(raw.decode("utf-8", "replace").rstrip("\r"), cands[idx], file)
-                if len(memo) < 4096:
-                    memo[key] = cached
-            line_no = first_line + idx
-            findings.extend(f.model_copy(update={"line_no": line_no, "last_line_no": line_no}) for f in cached)
+        wrap_cands = self._wrapped_candidates(body, nl, lines) if self.unwrap else {}
+        matched_at: set[tuple[str, int]] = set()  # (rule id, line index), only needed for wraps
+
+        # Confirm candidates, folding repeats as we go: a line seen before costs a dict lookup, and
+        # a repeat of a finding costs a counter bump. slot = [finding, first, last, count]
+        folded: dict[tuple[object, ...], list[Any]] = {}
+        memo: dict[bytes, tuple[set[int], list[tuple[tuple[object, ...], Finding]]]] = {}
+        order = sorted(cands)
+        starts, ends = lines.bounds_many(order)
+        for idx, start, end in zip(order, starts, ends, strict=True):
+            raw = body[start:end]
+            pset = cands[idx]
+            hit = memo.get(raw)
+            if hit is not None and hit[0] == pset:
+                results = hit[1]
+            else:
+                confirmed = self._confirm_line(raw.decode("utf-8", "replace").rstrip("\r"), pset, file)
+                results = [((f.rule_id, f.code, f.node, f.device, f.rank), f) for f in confirmed]
+                if len(memo) < MEMO_SIZE:
+                    memo[raw] = (pset, results)
+            for fkey, f in results:
+                slot = folded.get(fkey)
+                if slot is None:
+                    folded[fkey] = [f, idx, idx, 1]
+                else:
+                    slot[2] = idx
+                    slot[3] += 1
+                if wrap_cands:
+                    matched_at.add((f.rule_id, idx))
+        findings: list[Finding] = [
+            f.model_copy(update={"line_no": first_line + a, "last_line_no": first_line + b, "count": n})
+            for f, a, b, n in folded.values()
+        ]
         for idx in sorted(cont_cands):
             by_rule: dict[int, list[int]] = {}
             for pid in cont_cands[idx]:
@@ -190,7 +217,72 @@ class Engine:
                 if f is not None:
                     f.last_line_no = f.line_no
                     findings.append(f)
+        if wrap_cands:
+            for (first, last), pids in sorted(wrap_cands.items()):
+                by_rule = {}
+                for pid in sorted(pids):
+                    by_rule.setdefault(self._pats[pid].rule_index, []).append(pid)
+                for ri, rule_pids in by_rule.items():
+                    rid = self.rules[ri].id
+                    if any((rid, j) in matched_at for j in range(first, last + 1)):
+                        continue  # already found on one physical line
+                    text = b"".join(lines.get(j).rstrip(b"\r") for j in range(first, last + 1))
+                    wtext = text.decode("utf-8", "replace")
+                    f = self._confirm_rule(ri, wtext, wtext, first_line + first, file,
+                                           rule_pids)
+                    if f is not None:
+                        f.last_line_no = first_line + last
+                        findings.append(f)
         return findings, consumed, n_lines if final else len(nl)
+
+    def _wrapped_candidates(
+        self, body: bytes, nl: np.ndarray[Any, Any], lines: _Lines
+    ) -> dict[tuple[int, int], set[int]]:
+        """Candidates that only match once hard-wrapped lines are put back together.
+
+        A newline is taken for a terminal wrap when the line before it is long (>= WRAP_MIN_LEN)
+        and the line after it starts like the middle of a sentence (not blank, not indented, not
+        `[` / `(` / `{` / `<` as log prefixes do). Those newlines are removed, the prefilter runs
+        again, and matches that now span two or more physical lines become candidates.
+        """
+        if len(nl) == 0:
+            return {}
+        arr = np.frombuffer(body, dtype=np.uint8)
+        starts = np.concatenate(([0], nl + 1))
+        ends = np.concatenate((nl, [len(body)]))
+        lengths = ends - starts
+        last_byte = len(arr) - 1
+        nxt = arr[np.minimum(nl + 1, last_byte)]
+        # A line that starts like the line before it (same first three bytes: a timestamp, a host
+        # name, a `kernel:` prefix) is a new record, not the tail of a wrapped one.
+        same_start = np.ones(len(nl), dtype=bool)
+        for k in range(3):
+            same_start &= arr[np.minimum(starts[:-1] + k, last_byte)] == arr[np.minimum(starts[1:] + k, last_byte)]
+        boundary = (
+            (nl + 1 < len(arr))
+            & (lengths[:-1] >= WRAP_MIN_LEN)
+            & (lengths[1:] > 0)
+            & ~np.isin(nxt, _NOT_WRAP_START)
+            & ~same_start
+        )
+        cut = nl[boundary]
+        if len(cut) == 0:
+            return {}
+        joined = np.delete(arr, cut).tobytes()
+        landing = cut - np.arange(len(cut))  # where the byte after each removed newline lands
+        out: dict[tuple[int, int], set[int]] = {}
+        pids, ends = self._prefilters[False].scan(joined)
+        if not pids:
+            return out
+        j = np.asarray(ends, dtype=np.int64) - 1
+        original = j + np.searchsorted(landing, j, side="right")
+        for pid, last in zip(pids, np.searchsorted(nl, original, side="left").tolist(), strict=True):
+            first = last
+            while first > 0 and boundary[first - 1] and last - first < MAX_WRAPPED_LINES - 1:
+                first -= 1
+            if first < last:
+                out.setdefault((first, last), set()).add(pid)
+        return out
 
     def _confirm_line(self, line: str, pids: set[int], file: str | None) -> list[Finding]:
         by_rule: dict[int, list[int]] = {}
@@ -360,6 +452,22 @@ def _join_continuations(body: bytes, nl: np.ndarray[Any, Any]) -> bytes:
     return out.tobytes()
 
 
+def _by_line(hits: tuple[list[int], list[int]], nl: np.ndarray[Any, Any]) -> dict[int, set[int]]:
+    """Prefilter hits (pattern ids, end offsets) grouped by the line each match ends on."""
+    pids, ends = hits
+    out: dict[int, set[int]] = {}
+    if not pids:
+        return out
+    idxs = np.searchsorted(nl, np.asarray(ends, dtype=np.int64) - 1, side="left").tolist()
+    for pid, idx in zip(pids, idxs, strict=True):
+        bucket = out.get(idx)
+        if bucket is None:
+            out[idx] = {pid}
+        else:
+            bucket.add(pid)
+    return out
+
+
 class _Lines:
     """Random access to the lines of a chunk by index, via the newline offsets."""
 
@@ -375,6 +483,16 @@ class _Lines:
         start = int(self.nl[idx - 1]) + 1 if idx > 0 else 0
         end = int(self.nl[idx]) if idx < len(self.nl) else len(self.body)
         return start, end
+
+    def bounds_many(self, idxs: list[int]) -> tuple[list[int], list[int]]:
+        """Start and end offsets of many lines at once."""
+        if not idxs:
+            return [], []
+        ix = np.asarray(idxs, dtype=np.int64)
+        padded = np.concatenate((self.nl, [len(self.body)]))
+        ends = padded[ix]
+        starts = np.where(ix > 0, padded[np.maximum(ix - 1, 0)] + 1, 0)
+        return starts.tolist(), ends.tolist()
 
     def get(self, idx: int) -> bytes:
         start, end = self.bounds(idx)
@@ -394,7 +512,7 @@ class _Lines:
         n = len(self.nl) + 1
         for j in range(idx + 1, min(idx + 1 + extra, n)):
             line = self.get(j)
-            if not line[:1] in (b" ", b"\t"):
+            if line[:1] not in (b" ", b"\t"):
                 break
             parts.append(line.strip())
         return b" ".join(parts)
@@ -404,13 +522,16 @@ class _Lines:
 
 
 class _Prefilter:
-    def scan(self, data: bytes) -> Iterator[tuple[int, int]]:
-        """(pattern id, end offset) pairs: a superset of the lines where each pattern matches."""
+    def scan(self, data: bytes) -> tuple[list[int], list[int]]:
+        """Pattern ids and match end offsets: a superset of the lines where each pattern matches."""
         raise NotImplementedError
 
 
 def _hs_expression(pattern: str) -> bytes:
     expr = _NAMED_GROUP.sub("(?:", pattern)
+    # Wide bounded repeats (`[^\n]{0,200}`) cost Hyperscan seconds to compile; unbounded ones
+    # match a superset, which is all a prefilter needs.
+    expr = _WIDE_REPEAT.sub(lambda m: "{" + m.group(1) + ",}", expr)
     # A trailing `.*` changes nothing about whether a line matches, only how many end offsets
     # Hyperscan reports: drop it so a long matching line costs one callback, not hundreds.
     expr = _TRAILING_ANY.sub("", expr) or expr
@@ -421,37 +542,47 @@ class _HyperscanPrefilter(_Prefilter):
     def __init__(self, pats: list[tuple[int, str]]) -> None:
         assert _hs is not None
         self.fallback: list[tuple[int, re.Pattern[bytes]]] = []
-        exprs: list[bytes] = []
-        ids: list[int] = []
-        flags: list[int] = []
         base = _hs.HS_FLAG_PREFILTER | _hs.HS_FLAG_MULTILINE | _hs.HS_FLAG_UTF8 | _hs.HS_FLAG_ALLOWEMPTY
-        for pid, pattern in pats:
-            expr = _hs_expression(pattern)
-            db = _hs.Database(mode=_hs.HS_MODE_BLOCK)
-            try:
-                db.compile(expressions=[expr], ids=[pid], flags=[base])
-            except _hs.error:
-                # Not expressible even as a prefilter: scan this one with re over the chunk.
-                self.fallback.append((pid, re.compile(pattern.encode("utf-8"), re.ASCII | re.MULTILINE)))
-                continue
-            exprs.append(expr)
-            ids.append(pid)
-            flags.append(base)
+        compiled = [(pid, pattern, _hs_expression(pattern)) for pid, pattern in pats]
         self.db = None
-        if exprs:
-            self.db = _hs.Database(mode=_hs.HS_MODE_BLOCK)
-            self.db.compile(expressions=exprs, ids=ids, flags=flags)
+        if not compiled:
+            return
+        try:
+            self.db = self._compile(compiled, base)
+            return
+        except _hs.error:
+            pass
+        # Some pattern is not expressible even as a prefilter: find which, scan those with re.
+        good = []
+        for item in compiled:
+            try:
+                self._compile([item], base)
+                good.append(item)
+            except _hs.error:
+                pid, pattern, _ = item
+                self.fallback.append((pid, re.compile(pattern.encode("utf-8"), re.ASCII | re.MULTILINE)))
+        self.db = self._compile(good, base) if good else None
 
-    def scan(self, data: bytes) -> Iterator[tuple[int, int]]:
-        hits: list[tuple[int, int]] = []
+    @staticmethod
+    def _compile(items: list[tuple[int, str, bytes]], flags: int) -> Any:
+        assert _hs is not None
+        db = _hs.Database(mode=_hs.HS_MODE_BLOCK)
+        db.compile(expressions=[e for _, _, e in items], ids=[i for i, _, _ in items], flags=[flags] * len(items))
+        return db
+
+    def scan(self, data: bytes) -> tuple[list[int], list[int]]:
+        pids: list[int] = []
+        ends: list[int] = []
         if self.db is not None and data:
+            add_pid, add_end = pids.append, ends.append
 
             def on_match(pid: int, _start: int, end: int, _flags: int, _ctx: object) -> None:
-                hits.append((pid, end))
+                add_pid(pid)
+                add_end(end)
 
             self.db.scan(data, match_event_handler=on_match)
-        yield from hits
-        yield from _regex_scan(self.fallback, data)
+        _regex_scan(self.fallback, data, pids, ends)
+        return pids, ends
 
 
 class _AnchorPrefilter(_Prefilter):
@@ -474,11 +605,13 @@ class _AnchorPrefilter(_Prefilter):
             if any(a.ci for a in anchors):
                 self.ci_fallback.append((pid, as_bytes))
 
-    def scan(self, data: bytes) -> Iterator[tuple[int, int]]:
+    def scan(self, data: bytes) -> tuple[list[int], list[int]]:
+        pids: list[int] = []
+        ends: list[int] = []
         lowered: bytes | None = None
         unsafe_ci = not data.isascii() and any(f in data for f in self._FOLDS)
         ci_fallback_ids = {pid for pid, _ in self.ci_fallback} if unsafe_ci else set()
-        for anchor, pids in self.by_anchor.items():
+        for anchor, anchor_pids in self.by_anchor.items():
             if anchor.ci:
                 if unsafe_ci:
                     continue
@@ -487,33 +620,39 @@ class _AnchorPrefilter(_Prefilter):
                 hay = lowered
             else:
                 hay = data
+            use = [p for p in anchor_pids if p not in ci_fallback_ids]
             lit = anchor.literal
-            pos = hay.find(lit)
+            find = hay.find
+            pos = find(lit)
             while pos >= 0:
                 end = pos + len(lit)
-                for pid in pids:
-                    if pid not in ci_fallback_ids:
-                        yield pid, end
+                for pid in use:
+                    pids.append(pid)
+                    ends.append(end)
                 # Skip to the next line: one candidate per line per anchor is enough.
-                nxt = hay.find(b"\n", end)
+                nxt = find(b"\n", end)
                 if nxt < 0:
                     break
-                pos = hay.find(lit, nxt + 1)
-        fallback = self.fallback + (self.ci_fallback if unsafe_ci else [])
-        yield from _regex_scan(fallback, data)
+                pos = find(lit, nxt + 1)
+        _regex_scan(self.fallback + (self.ci_fallback if unsafe_ci else []), data, pids, ends)
+        return pids, ends
 
 
-def _regex_scan(pats: list[tuple[int, re.Pattern[bytes]]], data: bytes) -> Iterator[tuple[int, int]]:
-    """Full regex scan of a chunk, for patterns no prefilter can express."""
+def _regex_scan(
+    pats: list[tuple[int, re.Pattern[bytes]]], data: bytes, pids: list[int], ends: list[int]
+) -> None:
+    """Full regex scan of a chunk, for patterns no prefilter can express; appends to pids/ends."""
     text: str | None = None
     for pid, regex in pats:
         if regex.pattern.isascii():
             for m in regex.finditer(data):
-                yield pid, max(m.end(), m.start() + 1)
+                pids.append(pid)
+                ends.append(max(m.end(), m.start() + 1))
             continue
         # A non-ASCII pattern means characters, not bytes: match the text, map offsets back.
         if text is None:
             text = data.decode("utf-8", "replace")
         str_regex = re.compile(regex.pattern.decode("utf-8"), re.ASCII | re.MULTILINE)
         for m in str_regex.finditer(text):
-            yield pid, len(text[: max(m.end(), m.start() + 1)].encode("utf-8"))
+            pids.append(pid)
+            ends.append(len(text[: max(m.end(), m.start() + 1)].encode("utf-8")))

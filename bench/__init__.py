@@ -1,0 +1,1 @@
+"""Throughput benchmarks for the rule engine (`make bench`)."""

@@ -1,0 +1,402 @@
+"""Classification throughput, one core per path: `make bench` (python bench/run.py).
+
+Steps:
+1. Write a synthetic training-job log (bench/corpus.py; 1,000,000 lines by default, 0.1 % faults).
+2. For each path (Hyperscan fast path, pure `re` path) start a worker process (bench/worker.py)
+   pinned to one CPU: it compiles the shipped rules, warms up with one scan, times `--repeats` scans
+   and reports per-repeat wall and CPU seconds, the findings and its peak RSS.
+3. Run GNU grep over the same file with the same patterns translated to POSIX ERE (bench/ere.py),
+   `LC_ALL=C grep -E -c -f PATTERNS FILE`, pinned to the same CPU, the same number of repeats.
+   (`-c` rather than output to /dev/null: GNU grep stops at the first match when its output is
+   /dev/null, which would measure nothing.)
+4. Print one JSON object on stdout (medians, ratios, corpus and machine facts, per-repeat figures)
+   and write it to bench/results.json. Progress goes to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+# `python bench/run.py` puts bench/ on the path, not the repository root that holds the package.
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench import corpus as corpus_mod  # noqa: E402
+from bench.ere import Unconvertible, to_ere  # noqa: E402
+from detectors.engine import has_hyperscan  # noqa: E402
+from detectors.loader import load_rules  # noqa: E402
+from detectors.schema import Rule  # noqa: E402
+
+DEFAULT_LINES = 1_000_000
+QUICK_LINES = 100_000
+GOAL_FAST_LINES_PER_S = 1_000_000
+GOAL_RE_LINES_PER_S = 300_000
+RESULTS = ROOT / "bench" / "results.json"
+GREP = "grep"
+
+
+def log(msg: str) -> None:
+    print(f"[bench] {msg}", file=sys.stderr, flush=True)
+
+
+def pick_cpu(requested: int | None) -> int:
+    allowed = sorted(os.sched_getaffinity(0))
+    if requested is not None:
+        if requested not in allowed:
+            raise SystemExit(f"--cpu {requested} is not in this process's affinity set {allowed}")
+        return requested
+    # The last CPU of the set: CPU 0 tends to take more of the machine's interrupts and housekeeping.
+    return allowed[-1]
+
+
+def _median(values: Sequence[float]) -> float:
+    return float(statistics.median(values)) if values else float("nan")
+
+
+def _rate(lines: int, seconds: Sequence[float]) -> list[float]:
+    return [lines / s if s > 0 else float("inf") for s in seconds]
+
+
+# -- classification workers ----------------------------------------------------------------------------
+
+
+def run_worker(kind: str, corpus: Path, repeats: int, cpu: int, profile: bool) -> dict[str, Any]:
+    cmd = [
+        sys.executable,
+        "-m",
+        "bench.worker",
+        kind,
+        str(corpus),
+        "--repeats",
+        str(repeats),
+        "--cpu",
+        str(cpu),
+    ]
+    if profile:
+        cmd.append("--profile")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True, check=False)
+    lines = [line for line in proc.stdout.splitlines() if line.strip()]
+    if not lines:
+        raise RuntimeError(f"{kind} worker exited {proc.returncode} without a result")
+    result: dict[str, Any] = json.loads(lines[-1])
+    if proc.returncode != 0 and "error" not in result:
+        result["error"] = f"worker exited {proc.returncode}"
+    return result
+
+
+def _path_figures(prefix: str, res: dict[str, Any] | None, data_bytes: int) -> dict[str, Any]:
+    if res is None or "error" in res:
+        return {
+            f"{prefix}_lines_per_s": None,
+            f"{prefix}_error": None if res is None else res["error"],
+        }
+    lines = int(res["lines"])
+    wall = [float(s) for s in res["wall_s"]]
+    cpu = [float(s) for s in res["cpu_s"]]
+    med_wall = _median(wall)
+    return {
+        f"{prefix}_lines_per_s": round(lines / med_wall),
+        f"{prefix}_mb_per_s": round(data_bytes / med_wall / 1e6, 1),
+        f"{prefix}_cpu_lines_per_s": round(lines / _median(cpu)),
+        f"{prefix}_runs_s": [round(s, 4) for s in wall],
+        f"{prefix}_runs_cpu_s": [round(s, 4) for s in cpu],
+        f"{prefix}_runs_lines_per_s": [round(r) for r in _rate(lines, wall)],
+        f"{prefix}_peak_rss_mb": round(float(res["peak_rss_mb"]), 1),
+        f"{prefix}_rss_after_compile_mb": res["rss_after_compile_mb"],
+        f"{prefix}_import_s": round(float(res["import_s"]), 3),
+        f"{prefix}_load_rules_s": round(float(res["load_rules_s"]), 3),
+        f"{prefix}_compile_s": round(float(res["compile_s"]), 3),
+        f"{prefix}_warmup_s": round(float(res["warmup_s"]), 3),
+        f"{prefix}_lines_seen": lines,
+    }
+
+
+def _findings(res: dict[str, Any] | None) -> Counter[tuple[str, str]] | None:
+    if res is None or "error" in res:
+        return None
+    return Counter({(str(r), str(c)): int(n) for r, c, n in res["findings"]})
+
+
+# -- grep ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class GrepPatterns:
+    expressions: list[str]
+    total: int
+    skipped: list[dict[str, str]]
+
+
+def grep_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["LC_ALL"] = "C"
+    return env
+
+
+def grep_patterns(rules: Sequence[Rule]) -> GrepPatterns:
+    """Every rule pattern as ERE; those ERE cannot express, or grep rejects, are skipped and listed."""
+    exprs: list[str] = []
+    skipped: list[dict[str, str]] = []
+    total = 0
+    for rule in rules:
+        for pattern in rule.patterns:
+            total += 1
+            try:
+                expr = to_ere(pattern)
+            except Unconvertible as exc:
+                skipped.append({"rule_id": rule.id, "pattern": pattern, "reason": str(exc)})
+                continue
+            check = subprocess.run(
+                [GREP, "-E", "-e", expr, os.devnull],
+                env=grep_env(),
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            if check.returncode > 1 or check.stderr.strip():
+                reason = check.stderr.strip() or f"grep exited {check.returncode}"
+                skipped.append({"rule_id": rule.id, "pattern": pattern, "reason": reason})
+                continue
+            exprs.append(expr)
+    return GrepPatterns(exprs, total, skipped)
+
+
+def _grep_once(cmd: list[str], cpu: int) -> tuple[float, float, int, float]:
+    """(wall s, CPU s, matching lines, peak RSS MB) of one pinned grep run."""
+
+    def pin() -> None:
+        os.sched_setaffinity(0, {cpu})
+
+    t0 = time.perf_counter()
+    # The parent is single-threaded here, so a preexec_fn is safe.
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, env=grep_env(), preexec_fn=pin)  # noqa: PLW1509
+    assert proc.stdout is not None
+    out = proc.stdout.read()
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - t0
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    proc.stdout.close()
+    if proc.returncode > 1:
+        raise RuntimeError(f"grep exited {proc.returncode}")
+    return wall, usage.ru_utime + usage.ru_stime, int(out.strip() or 0), usage.ru_maxrss / 1024
+
+
+def run_grep(pats: GrepPatterns, corpus: Path, workdir: Path, repeats: int, cpu: int) -> dict[str, Any]:
+    patfile = workdir / "patterns.ere"
+    patfile.write_text("".join(e + "\n" for e in pats.expressions), encoding="utf-8")
+    cmd = [GREP, "-E", "-c", "-f", str(patfile), str(corpus)]
+    _grep_once(cmd, cpu)  # warm-up (page cache, binary)
+    runs = [_grep_once(cmd, cpu) for _ in range(repeats)]
+    return {
+        "wall_s": [r[0] for r in runs],
+        "cpu_s": [r[1] for r in runs],
+        "matching_lines": runs[0][2],
+        "peak_rss_mb": max(r[3] for r in runs),
+    }
+
+
+def grep_version() -> str | None:
+    try:
+        out = subprocess.run([GREP, "--version"], capture_output=True, text=True, check=False).stdout
+    except OSError:
+        return None
+    return out.splitlines()[0] if out else None
+
+
+# -- the benchmark -------------------------------------------------------------------------------------
+
+
+def _hyperscan_version() -> str | None:
+    try:
+        return importlib.metadata.version("hyperscan")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    if a is None or b is None or b == 0:
+        return None
+    return round(a / b, 2)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    started = time.perf_counter()
+    load_start = os.getloadavg()[0]
+    n_lines = QUICK_LINES if args.quick and args.lines is None else (args.lines or DEFAULT_LINES)
+    cpu = pick_cpu(args.cpu)
+    hs = has_hyperscan()
+
+    rules = load_rules().rules
+    workdir = Path(tempfile.mkdtemp(prefix="trainmedic-bench-"))
+    corpus_path = workdir / "training-job.log"
+    try:
+        log(f"{len(rules)} rules; building the fault pool")
+        pool = corpus_mod.fault_pool(rules)
+        log(f"writing {n_lines:,} lines to {corpus_path}")
+        corpus = corpus_mod.write_corpus(corpus_path, n_lines, pool, seed=args.seed)
+        mb = corpus.bytes / 1e6
+        log(f"corpus: {mb:.1f} MB, {corpus.fault_lines} fault lines, written in {corpus.gen_seconds:.1f} s")
+
+        fast_res: dict[str, Any] | None = None
+        if hs:
+            log(f"fast path (Hyperscan) on CPU {cpu}, {args.repeats} repeats")
+            fast_res = run_worker("fast", corpus_path, args.repeats, cpu, args.profile)
+        else:
+            log("hyperscan is not installed: no fast-path figures")
+        log(f"re path on CPU {cpu}, {args.repeats} repeats")
+        re_res = run_worker("re", corpus_path, args.repeats, cpu, args.profile)
+
+        pats = grep_patterns(rules)
+        log(
+            f"grep -E with {len(pats.expressions)}/{pats.total} patterns on CPU {cpu}, {args.repeats} repeats"
+        )
+        grep_res = run_grep(pats, corpus_path, workdir, args.repeats, cpu)
+    finally:
+        if args.keep:
+            log(f"kept {workdir}")
+        else:
+            for p in workdir.iterdir():
+                p.unlink()
+            workdir.rmdir()
+
+    fast = _path_figures("classify_fast", fast_res, corpus.bytes)
+    slow = _path_figures("classify_re", re_res, corpus.bytes)
+    grep_wall = [float(s) for s in grep_res["wall_s"]]
+    grep_cpu = [float(s) for s in grep_res["cpu_s"]]
+    grep_rate = round(corpus.lines / _median(grep_wall))
+
+    fast_found, re_found = _findings(fast_res), _findings(re_res)
+    paths_agree = None if fast_found is None or re_found is None else fast_found == re_found
+    profiles = {
+        kind: res.get("profile_top", [])
+        for kind, res in (("fast", fast_res), ("re", re_res))
+        if res is not None and res.get("profile_top")
+    }
+    peaks = [
+        v
+        for v in (fast.get("classify_fast_peak_rss_mb"), slow.get("classify_re_peak_rss_mb"))
+        if v is not None
+    ]
+    fast_rate = fast["classify_fast_lines_per_s"]
+    re_rate = slow["classify_re_lines_per_s"]
+    affinity = sorted(os.sched_getaffinity(0))
+    result: dict[str, Any] = {
+        "classify_fast_lines_per_s": fast_rate,
+        "classify_re_lines_per_s": re_rate,
+        "grep_lines_per_s": grep_rate,
+        "classify_peak_rss_mb": max(peaks) if peaks else None,
+        "fast_vs_grep": _ratio(fast_rate, grep_rate),
+        "re_vs_grep": _ratio(re_rate, grep_rate),
+        "goal_fast_lines_per_s": GOAL_FAST_LINES_PER_S,
+        "goal_re_lines_per_s": GOAL_RE_LINES_PER_S,
+        "meets_fast_goal": None if fast_rate is None else fast_rate >= GOAL_FAST_LINES_PER_S,
+        "meets_re_goal": None if re_rate is None else re_rate >= GOAL_RE_LINES_PER_S,
+        "paths_agree": paths_agree,
+        "findings_match_corpus": all(f is None or f == corpus.expected for f in (fast_found, re_found)),
+        "findings_stable": all(r is None or bool(r.get("stable")) for r in (fast_res, re_res)),
+        "findings_expected": sum(corpus.expected.values()),
+        "findings_found_re": None if re_found is None else sum(re_found.values()),
+        "findings_found_fast": None if fast_found is None else sum(fast_found.values()),
+        # corpus
+        "lines": corpus.lines,
+        "bytes": corpus.bytes,
+        "fault_lines": corpus.fault_lines,
+        "fault_fraction": corpus.fault_lines / corpus.lines if corpus.lines else 0.0,
+        "corpus_seed": corpus.seed,
+        "corpus_gen_s": round(corpus.gen_seconds, 2),
+        "fault_pool_size": corpus.pool_size,
+        "fault_pool_from_real_logs": corpus.pool_from_real_logs,
+        "fault_pool_from_examples": corpus.pool_from_examples,
+        # rules
+        "rules": len(rules),
+        "patterns": sum(len(r.patterns) for r in rules),
+        # machine
+        "cores": os.cpu_count(),
+        "cores_affinity": len(affinity),
+        "affinity": affinity,
+        "pinned_cpu": cpu,
+        "python": platform.python_version(),
+        "python_implementation": platform.python_implementation(),
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "hyperscan_present": hs,
+        "hyperscan_version": _hyperscan_version(),
+        "grep_version": grep_version(),
+        "loadavg_1m_start": round(load_start, 2),
+        "loadavg_1m_end": round(os.getloadavg()[0], 2),
+        # method
+        "repeats": args.repeats,
+        "statistic": "median of repeats, wall clock; *_cpu_lines_per_s use process CPU time",
+        **fast,
+        **slow,
+        "grep_patterns_used": len(pats.expressions),
+        "grep_patterns_total": pats.total,
+        "grep_patterns_skipped": pats.skipped,
+        "grep_cpu_lines_per_s": round(corpus.lines / _median(grep_cpu)),
+        "grep_mb_per_s": round(corpus.bytes / _median(grep_wall) / 1e6, 1),
+        "grep_runs_s": [round(s, 4) for s in grep_wall],
+        "grep_runs_cpu_s": [round(s, 4) for s in grep_cpu],
+        "grep_runs_lines_per_s": [round(r) for r in _rate(corpus.lines, grep_wall)],
+        "grep_matching_lines": grep_res["matching_lines"],
+        "grep_peak_rss_mb": round(float(grep_res["peak_rss_mb"]), 1),
+        "grep_command": "LC_ALL=C grep -E -c -f PATTERNS FILE",
+        "bench_seconds": round(time.perf_counter() - started, 1),
+    }
+    if profiles:
+        result["profile_top"] = profiles
+    return result
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description="Rule-engine throughput per core, as one JSON object.")
+    ap.add_argument(
+        "--lines", type=int, default=None, help=f"corpus size in lines (default {DEFAULT_LINES:,})"
+    )
+    ap.add_argument("--quick", action="store_true", help=f"smoke run on {QUICK_LINES:,} lines")
+    ap.add_argument("--repeats", type=int, default=3, help="timed repeats per path (median reported)")
+    ap.add_argument("--cpu", type=int, default=None, help="CPU to pin to (default: the last one allowed)")
+    ap.add_argument("--seed", type=int, default=corpus_mod.DEFAULT_SEED, help="corpus seed")
+    ap.add_argument(
+        "--output", type=Path, default=RESULTS, help="where to write the JSON (default bench/results.json)"
+    )
+    ap.add_argument(
+        "--profile", action="store_true", help="add a cProfile top list per path (one extra scan)"
+    )
+    ap.add_argument("--keep", action="store_true", help="keep the generated corpus and pattern file")
+    args = ap.parse_args(argv)
+    if args.repeats < 1:
+        ap.error("--repeats must be at least 1")
+    if args.lines is not None and args.lines < 1:
+        ap.error("--lines must be at least 1")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    result = run(args)
+    text = json.dumps(result, indent=2, ensure_ascii=False)
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(text + "\n", encoding="utf-8")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

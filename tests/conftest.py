@@ -1,0 +1,30 @@
+"""Shared fixtures: the shipped rules and one engine per matcher path, built once per session."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from detectors.engine import Engine, has_hyperscan
+from detectors.loader import RuleSet, load_rules
+
+
+@pytest.fixture(scope="session")
+def shipped_ruleset() -> RuleSet:
+    return load_rules()
+
+
+@pytest.fixture(scope="session")
+def re_engine(shipped_ruleset: RuleSet) -> Engine:
+    return Engine(shipped_ruleset.rules, fast=False)
+
+
+@pytest.fixture(scope="session")
+def fast_engine(shipped_ruleset: RuleSet) -> Engine:
+    """The Hyperscan path. Skipped where the wheel is missing, except under CI, where it must be there."""
+    if not has_hyperscan():
+        if os.environ.get("CI", "").lower() not in ("", "0", "false"):
+            pytest.fail("CI is set but the hyperscan module is not importable")
+        pytest.skip("hyperscan is not installed")
+    return Engine(shipped_ruleset.rules, fast=True)

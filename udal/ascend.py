@@ -1,0 +1,94 @@
+"""Huawei Ascend NPUs: MindCluster fault codes and levels, CANN HCCL codes, npu-exporter metrics.
+
+Codes: device fault codes as `0x80C98000` (upper-case hex, MindCluster level in vendor_action),
+CANN error codes verbatim (`EI0002`, `EJ0001`, `EL0004`, `EE9999`), HcclResult return values as
+`hccl:<n>`, torch_npu codes `ERR02200` etc., and `npu_oom`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+from trainmedic.models import Action, Chip
+from udal.base import ChipPlugin, pci_vendor_present
+
+# MindCluster fault level -> normalized action (also the action_map of ascend_catalog.yaml).
+ACTION_MAP: Mapping[str, Action] = {
+    "NotHandleFault": Action.IGNORE,
+    "RestartRequest": Action.RESTART_APP,
+    "RestartBusiness": Action.RESTART_APP,
+    "FreeRestartNPU": Action.RESET_DEVICE,
+    "RestartNPU": Action.RESET_DEVICE,
+    "SeparateNPU": Action.ISOLATE_NODE,
+    "PreSeparateNPU": Action.ISOLATE_NODE,
+    # Sub-health: the chip keeps working and the running job is not interrupted; MindCluster
+    # applies the job's sub-health strategy, so nobody needs to be woken.
+    "SubHealthFault": Action.IGNORE,
+}
+
+_HEX8 = re.compile(r"^(?:0x)?([0-9a-fA-F]{8})$")
+_CANN = re.compile(r"^[A-Za-z]{2}\d{4}$")
+_HCCL_RET = re.compile(r"^\s*hccl\s*[: ]\s*(\d+)\s*$", re.IGNORECASE)
+
+
+class AscendPlugin(ChipPlugin):
+    chip = Chip.ASCEND
+    name = "ascend"
+    # MindCluster Ascend Device Plugin extended resources.
+    resource_names = (
+        "huawei.com/Ascend910",
+        "huawei.com/Ascend310P",
+        "huawei.com/Ascend310",
+    )
+    # MindCluster node labels: accelerator=huawei-Ascend910, node.kubernetes.io/npu.chip.name=910B3,
+    # servertype=Ascend910B-20, accelerator-type=module-910b-8.
+    node_label_keys = ("accelerator", "node.kubernetes.io/npu.chip.name", "servertype", "accelerator-type")
+    visible_devices_env = "ASCEND_RT_VISIBLE_DEVICES"
+    visible_devices_env_fallbacks = ("ASCEND_VISIBLE_DEVICES",)
+    # MindCluster npu-exporter metric names.
+    metric_names: Mapping[str, str] = {
+        "npu_chip_info_utilization": "accelerator_utilization",
+        "npu_chip_info_hbm_used_memory": "accelerator_memory_used",
+        "npu_chip_info_hbm_total_memory": "accelerator_memory_total",
+        "npu_chip_info_used_memory": "device_ddr_memory_used",
+        "npu_chip_info_total_memory": "device_ddr_memory_total",
+        "npu_chip_info_temperature": "accelerator_temperature",
+        "npu_chip_info_power": "accelerator_power",
+        "npu_chip_info_voltage": "accelerator_voltage",
+        "npu_chip_info_health_status": "health",
+        "npu_chip_info_link_status": "link_status",
+        "npu_chip_info_network_status": "network_status",
+        "npu_chip_info_error_code": "error_code",
+    }
+    frameworks: Mapping[str, str] = {
+        "pytorch": "torch_npu (Ascend Extension for PyTorch), HCCL backend",
+        "mindspore": "MindSpore (Ascend)",
+        "deepspeed": "DeepSpeed on torch_npu",
+        "megatron": "MindSpeed (Megatron on torch_npu)",
+    }
+    action_map = ACTION_MAP
+    catalog_file = "ascend_catalog.yaml"
+
+    PCI_VENDOR_ID = "19e5"
+
+    def normalize_code(self, code: str) -> str:
+        text = code.strip()
+        hccl = _HCCL_RET.match(text)
+        if hccl:
+            return f"hccl:{int(hccl.group(1))}"
+        hex8 = _HEX8.match(text)
+        if hex8:
+            return f"0x{hex8.group(1).upper()}"
+        if _CANN.match(text) or text.upper().startswith("ERR"):
+            return text.upper()
+        return text
+
+    def detect_vendor(self, labels: Mapping[str, str]) -> bool:
+        if labels.get("accelerator", "").strip().lower().startswith("huawei-ascend"):
+            return True
+        if labels.get("node.kubernetes.io/npu.chip.name", "").strip():
+            return True
+        if labels.get("servertype", "").strip().lower().startswith("ascend"):
+            return True
+        return pci_vendor_present(labels, self.PCI_VENDOR_ID)

@@ -1,0 +1,287 @@
+"""Core types of the unified device abstraction: catalog entries, the chip plugin base, the loader.
+
+Exceptions:
+
+    CatalogError (ValueError)   a catalog data file is missing, malformed, or has an invalid row;
+                                the message names the file and the row's key (code or index).
+"""
+
+from __future__ import annotations
+
+import abc
+import functools
+from collections.abc import Mapping
+from importlib import resources
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from trainmedic.models import Action, Chip, FaultClass, I18nText, Severity
+
+Origin = Literal[
+    "hardware", "application", "driver", "system", "interconnect", "thermal", "memory", "unknown"
+]
+
+ORIGINS: tuple[str, ...] = (
+    "hardware",
+    "application",
+    "driver",
+    "system",
+    "interconnect",
+    "thermal",
+    "memory",
+    "unknown",
+)
+
+# The one metric vocabulary every plugin maps its exporter's names onto.
+METRIC_VOCABULARY: frozenset[str] = frozenset(
+    {
+        "accelerator_utilization",
+        "accelerator_memory_used",
+        "accelerator_memory_total",
+        "accelerator_memory_free",
+        "accelerator_memory_utilization",
+        "accelerator_temperature",
+        "accelerator_memory_temperature",
+        "accelerator_power",
+        "accelerator_voltage",
+        "accelerator_clock",
+        "device_ddr_memory_used",
+        "device_ddr_memory_total",
+        "xid_errors",
+        "ecc_sbe",
+        "ecc_dbe",
+        "row_remap_failure",
+        "pcie_replay",
+        "health",
+        "link_status",
+        "link_errors",
+        "link_bandwidth",
+        "network_status",
+        "error_code",
+    }
+)
+
+# Every real chip plugin must map at least these.
+CORE_METRICS: frozenset[str] = frozenset(
+    {
+        "accelerator_utilization",
+        "accelerator_memory_used",
+        "accelerator_memory_total",
+        "accelerator_temperature",
+        "accelerator_power",
+    }
+)
+
+# Generic node label naming the chip (value = a Chip value), understood by every plugin.
+GENERIC_CHIP_LABEL = "ai.accelerator/chip-type"
+
+
+class CatalogError(ValueError):
+    """A catalog data file cannot be used; the message names the file and the bad row."""
+
+
+class CatalogEntry(BaseModel):
+    """One vendor error code with the vendor's words and trainmedic's normalization.
+
+    `vendor_action` is the vendor's own bucket verbatim (None where the vendor publishes none);
+    `action` is trainmedic's normalized action. `inferred` marks a row whose content is not a
+    transcription of a vendor table (the reason is in `note`).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    chip: Chip
+    code: str = Field(min_length=1)
+    mnemonic: str | None = None
+    description: str = Field(min_length=1)
+    vendor_action: str | None = None
+    action: Action
+    origin: Origin
+    fault_class: FaultClass | None = None
+    severity: Severity
+    message: I18nText
+    consequence: bool = False
+    inferred: bool = False
+    note: str | None = None
+
+
+class CatalogSource(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    title: str = Field(min_length=1)
+    url: str = Field(min_length=1)
+    version: str = Field(min_length=1)
+
+
+class Catalog(BaseModel):
+    """A loaded catalog file: its source, its vendor-bucket mapping and its entries by code."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    chip: Chip
+    source: CatalogSource
+    action_map: dict[str, Action]
+    entries: dict[str, CatalogEntry]
+
+
+def _where(loc: tuple[int | str, ...]) -> str:
+    return ".".join(str(p) for p in loc) or "<row>"
+
+
+def parse_catalog(data: object, filename: str) -> Catalog:
+    """Validate catalog data (already parsed YAML); raise CatalogError naming file and key."""
+    if not isinstance(data, dict):
+        raise CatalogError(f"{filename}: top level must be a mapping")
+    unknown = set(data) - {"chip", "source", "action_map", "entries"}
+    if unknown:
+        raise CatalogError(f"{filename}: unknown top-level keys {sorted(unknown)}")
+    try:
+        chip = Chip(str(data.get("chip")))
+        source = CatalogSource.model_validate(data.get("source"))
+        raw_map = data.get("action_map") or {}
+        if not isinstance(raw_map, dict):
+            raise CatalogError(f"{filename}: action_map must be a mapping")
+        action_map = {str(k): Action(v) for k, v in raw_map.items()}
+    except (ValueError, ValidationError) as exc:
+        if isinstance(exc, CatalogError):
+            raise
+        raise CatalogError(f"{filename}: header: {exc}") from exc
+    rows = data.get("entries")
+    if not isinstance(rows, list) or not rows:
+        raise CatalogError(f"{filename}: entries must be a non-empty list")
+    entries: dict[str, CatalogEntry] = {}
+    for index, row in enumerate(rows):
+        key = row.get("code", f"#{index}") if isinstance(row, dict) else f"#{index}"
+        if not isinstance(row, dict):
+            raise CatalogError(f"{filename}: entry {key}: must be a mapping")
+        try:
+            entry = CatalogEntry.model_validate({"chip": chip.value, **row})
+        except ValidationError as exc:
+            details = "; ".join(f"{_where(e['loc'])}: {e['msg']}" for e in exc.errors())
+            raise CatalogError(f"{filename}: entry {key}: {details}") from exc
+        if entry.code in entries:
+            raise CatalogError(f"{filename}: entry {key}: duplicate code")
+        if entry.vendor_action is not None and entry.vendor_action in action_map:
+            expected = action_map[entry.vendor_action]
+            if entry.action != expected:
+                raise CatalogError(
+                    f"{filename}: entry {key}: action {entry.action.value} disagrees with action_map "
+                    f"{entry.vendor_action} -> {expected.value}"
+                )
+        entries[entry.code] = entry
+    return Catalog(chip=chip, source=source, action_map=action_map, entries=entries)
+
+
+def load_catalog_text(text: str, filename: str) -> Catalog:
+    try:
+        data: Any = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise CatalogError(f"{filename}: not valid YAML: {exc}") from exc
+    return parse_catalog(data, filename)
+
+
+@functools.cache
+def load_package_catalog(filename: str) -> Catalog:
+    """Load a catalog shipped as package data next to the plugins (cached: loaded once)."""
+    try:
+        text = resources.files("udal").joinpath(filename).read_text(encoding="utf-8")
+    except FileNotFoundError as exc:
+        raise CatalogError(f"{filename}: catalog file not found in package udal") from exc
+    return load_catalog_text(text, filename)
+
+
+def parse_visible_devices(value: str | None) -> list[int] | None:
+    """Parse a *_VISIBLE_DEVICES value into device indices.
+
+    None means "not restricted or not expressible as indices": the variable is unset, "all", or
+    names devices by UUID (GPU-..., MIG-...). "", "none" and "void" mean no device.
+    """
+    if value is None:
+        return None
+    text = value.strip()
+    if text.lower() in ("", "none", "void", "nodevfiles"):
+        return []
+    if text.lower() == "all":
+        return None
+    indices: list[int] = []
+    for part in text.split(","):
+        item = part.strip()
+        if not item:
+            continue
+        if not item.isdigit():
+            return None
+        indices.append(int(item))
+    return indices
+
+
+class ChipPlugin(abc.ABC):
+    """One accelerator family: how to recognise it and what its vendor's codes mean.
+
+    Subclasses set the class attributes and `catalog_file`; the catalog is loaded lazily once.
+    """
+
+    chip: Chip
+    name: str
+    resource_names: tuple[str, ...] = ()
+    node_label_keys: tuple[str, ...] = ()
+    visible_devices_env: str = ""
+    visible_devices_env_fallbacks: tuple[str, ...] = ()
+    metric_names: Mapping[str, str] = {}
+    frameworks: Mapping[str, str] = {}
+    action_map: Mapping[str, Action] = {}
+    catalog_file: str = ""
+
+    def _catalog(self) -> Catalog:
+        return load_package_catalog(self.catalog_file)
+
+    def catalog(self) -> Mapping[str, CatalogEntry]:
+        return self._catalog().entries
+
+    def lookup(self, code: str) -> CatalogEntry | None:
+        return self._catalog().entries.get(self.normalize_code(code))
+
+    def normalize_code(self, code: str) -> str:
+        """Canonical form of a code as written in logs; plugins override for their formats."""
+        return code.strip()
+
+    def catalog_source(self) -> str:
+        src = self._catalog().source
+        return f"{src.title} ({src.version}): {src.url}"
+
+    def detect(self, labels: Mapping[str, str]) -> bool:
+        """True when the node labels say this node carries this chip.
+
+        The generic label `ai.accelerator/chip-type` wins when present; otherwise the vendor's own
+        labels decide (`detect_vendor`).
+        """
+        generic = labels.get(GENERIC_CHIP_LABEL, "").strip().lower()
+        if generic:
+            return generic == self.name
+        return self.detect_vendor(labels)
+
+    def detect_vendor(self, labels: Mapping[str, str]) -> bool:
+        """Chip detection from the vendor's own labels; plugins override."""
+        return False
+
+    def visible_devices(self, env: Mapping[str, str]) -> list[int] | None:
+        for key in (self.visible_devices_env, *self.visible_devices_env_fallbacks):
+            if key and key in env:
+                return parse_visible_devices(env[key])
+        return None
+
+    def unified_metric(self, vendor_metric: str) -> str | None:
+        return self.metric_names.get(vendor_metric)
+
+
+_NFD_PCI_PREFIX = "feature.node.kubernetes.io/pci-"
+
+
+def pci_vendor_present(labels: Mapping[str, str], vendor_id: str) -> bool:
+    """Node Feature Discovery PCI label `feature.node.kubernetes.io/pci-<class>_<vendor>.present=true`."""
+    suffix = f"_{vendor_id.lower()}.present"
+    return any(
+        key.startswith(_NFD_PCI_PREFIX) and key.lower().endswith(suffix) and value.strip().lower() == "true"
+        for key, value in labels.items()
+    )

@@ -1,0 +1,73 @@
+"""Cambricon MLUs: CNCL return codes, mlu-exporter metrics, device plugin resource.
+
+Codes: `cncl:<NAME>` (cnclResult_t names, e.g. `cncl:CNCL_RET_ERR_SYS_SOCKET`), `cndev:<NAME>`
+(`cndev:XID_ERROR`, `cndev:MLULINK_DOWN`, `cndev:DBE_VIOLATION`; the CNDev table itself was not
+found, those rows are marked inferred), `cnrt_oom`, `mlu_oom`.
+
+Node labels: Cambricon publishes no node-label convention that could be verified, so detection
+uses the generic `ai.accelerator/chip-type=cambricon` label, a `cambricon.com/mlu.*` label if a
+cluster sets one, or Node Feature Discovery's PCI vendor label for vendor id `cabc`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+from trainmedic.models import Action, Chip
+from udal.base import ChipPlugin, pci_vendor_present
+
+# Cambricon publishes no resolution bucket for these codes: no vendor bucket to normalize.
+ACTION_MAP: Mapping[str, Action] = {}
+
+_PREFIXED = re.compile(r"^\s*(cncl|cndev)\s*:\s*([A-Za-z0-9_]+)\s*$", re.IGNORECASE)
+
+# mlu-exporter exports the names of examples/metrics.yaml under the metric prefix "mlu".
+_PREFIX = "mlu_"
+
+
+class CambriconPlugin(ChipPlugin):
+    chip = Chip.CAMBRICON
+    name = "cambricon"
+    resource_names = ("cambricon.com/mlu",)
+    node_label_keys = ("cambricon.com/mlu.present", "cambricon.com/mlu.model")
+    visible_devices_env = "MLU_VISIBLE_DEVICES"
+    metric_names: Mapping[str, str] = {
+        _PREFIX + "utilization": "accelerator_utilization",
+        _PREFIX + "memory_used": "accelerator_memory_used",
+        _PREFIX + "memory_total": "accelerator_memory_total",
+        _PREFIX + "memory_free": "accelerator_memory_free",
+        _PREFIX + "memory_utilization": "accelerator_memory_utilization",
+        _PREFIX + "temperature": "accelerator_temperature",
+        _PREFIX + "memory_temperature": "accelerator_memory_temperature",
+        _PREFIX + "power_usage": "accelerator_power",
+        _PREFIX + "frequency": "accelerator_clock",
+        _PREFIX + "health": "health",
+        _PREFIX + "mlulink_status": "link_status",
+        _PREFIX + "mlulink_err_uncorrected_total": "link_errors",
+        _PREFIX + "xid_error_count": "xid_errors",
+        _PREFIX + "dram_ecc_sbe_count": "ecc_sbe",
+        _PREFIX + "dram_ecc_dbe_count": "ecc_dbe",
+        _PREFIX + "remapped_failed_rows": "row_remap_failure",
+        _PREFIX + "pcie_replay_count": "pcie_replay",
+    }
+    frameworks: Mapping[str, str] = {
+        "pytorch": "torch_mlu (Cambricon PyTorch, formerly CATCH), CNCL backend",
+        "deepspeed": "DeepSpeed on torch_mlu",
+        "megatron": "Megatron-LM on torch_mlu",
+    }
+    action_map = ACTION_MAP
+    catalog_file = "cambricon_catalog.yaml"
+
+    PCI_VENDOR_ID = "cabc"
+
+    def normalize_code(self, code: str) -> str:
+        match = _PREFIXED.match(code)
+        if match:
+            return f"{match.group(1).lower()}:{match.group(2).upper()}"
+        return code.strip()
+
+    def detect_vendor(self, labels: Mapping[str, str]) -> bool:
+        if any(key.startswith("cambricon.com/mlu") for key in labels):
+            return True
+        return pci_vendor_present(labels, self.PCI_VENDOR_ID)

@@ -1,0 +1,117 @@
+"""NVIDIA GPUs: Xid catalog, CUDA and NCCL codes, dcgm-exporter metrics, GPU Feature Discovery labels.
+
+Codes: `xid:<n>` (NVIDIA Xid catalog), `cuda_oom`, `cuda_ecc_uncorrectable`, `cuda_illegal_address`,
+`cuda_launch_failure`, `gpu_fallen_off_bus`, NCCL `ncclResult_t` names (`ncclSystemError`, ...),
+`nccl_watchdog` and `nccl_ib_completion`. NCCL codes live here rather than in the generic plugin
+because NCCL is NVIDIA's library and only runs on NVIDIA GPUs.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+from trainmedic.models import Action, Chip
+from udal.base import ChipPlugin, pci_vendor_present
+
+# Vendor bucket (Xid catalog "Resolution Bucket (Immediate Action)") -> normalized action.
+# The same table heads nvidia_catalog.yaml (action_map); the loader checks every row against it.
+ACTION_MAP: Mapping[str, Action] = {
+    "RESTART_APP": Action.RESTART_APP,
+    "RESET_GPU": Action.RESET_DEVICE,
+    "RESTART_BM": Action.REBOOT_NODE,
+    "RESTART_VM": Action.REBOOT_NODE,
+    "IGNORE": Action.IGNORE,
+    "CONTACT_SUPPORT": Action.CONTACT_SUPPORT,
+    # "Solo: RESTART_FM; Not solo: IGNORE (follow other Xid)": a consequence of another Xid.
+    "WORKFLOW_XID_45": Action.IGNORE,
+    # "Solo: RESET_GPU; w/ 63 or 64: DRAIN_AND_RESET".
+    "WORKFLOW_XID_48": Action.RESET_DEVICE,
+    # Xid 74: "A GPU reset or node reboot is needed to clear this error".
+    "WORKFLOW_NVLINK_ERR": Action.RESET_DEVICE,
+    # Xid 144-150 decode sheet: every fatal sub-code resolves to RESET_GPU.
+    "WORKFLOW_NVLINK5_ERR": Action.RESET_DEVICE,
+    # A person must check seating/connectors, or update firmware/software.
+    "CHECK_MECHANICALS": Action.CONTACT_SUPPORT,
+    "UPDATE_SWFW": Action.CONTACT_SUPPORT,
+    # "If UVM/vGPU is being utilized, RESET_GPU; otherwise IGNORE": CUDA training uses UVM.
+    "CHECK_UVM": Action.RESET_DEVICE,
+    # Informational; the action is named in the Xid 154 message (see xid154_action).
+    "XID_154": Action.IGNORE,
+}
+
+# Xid 154 message: "GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot Required)".
+XID154_ACTIONS: Mapping[str, Action] = {
+    "none": Action.IGNORE,
+    "drain p2p": Action.RESTART_APP,
+    "drain and reset": Action.RESET_DEVICE,
+    "gpu reset required": Action.RESET_DEVICE,
+    "node reboot required": Action.REBOOT_NODE,
+}
+
+_XID154_TO = re.compile(r"to\s+0x[0-9a-fA-F]+\s*\(([^)]*)\)")
+_XID_CODE = re.compile(r"^\s*xid\s*[: ]\s*(\d+)\s*$", re.IGNORECASE)
+
+
+def xid154_action(message: str) -> Action | None:
+    """The recovery action an Xid 154 line names ("... to 0x2 (Node Reboot Required)")."""
+    match = _XID154_TO.search(message)
+    if match is None:
+        return None
+    return XID154_ACTIONS.get(match.group(1).strip().lower())
+
+
+class NvidiaPlugin(ChipPlugin):
+    chip = Chip.NVIDIA
+    name = "nvidia"
+    # NVIDIA k8s-device-plugin extended resource (MIG strategy "mixed" adds nvidia.com/mig-<profile>).
+    resource_names = ("nvidia.com/gpu",)
+    # GPU Feature Discovery labels.
+    node_label_keys = ("nvidia.com/gpu.present", "nvidia.com/gpu.product", "nvidia.com/gpu.count")
+    visible_devices_env = "CUDA_VISIBLE_DEVICES"
+    visible_devices_env_fallbacks = ("NVIDIA_VISIBLE_DEVICES",)
+    # dcgm-exporter etc/default-counters.csv (plus DCGM_FI_DEV_FB_TOTAL and the ECC counters, which
+    # are DCGM fields commented out of / absent from the default list and must be enabled).
+    metric_names: Mapping[str, str] = {
+        "DCGM_FI_DEV_GPU_UTIL": "accelerator_utilization",
+        "DCGM_FI_DEV_MEM_COPY_UTIL": "accelerator_memory_utilization",
+        "DCGM_FI_DEV_FB_USED": "accelerator_memory_used",
+        "DCGM_FI_DEV_FB_FREE": "accelerator_memory_free",
+        "DCGM_FI_DEV_FB_TOTAL": "accelerator_memory_total",
+        "DCGM_FI_DEV_GPU_TEMP": "accelerator_temperature",
+        "DCGM_FI_DEV_MEMORY_TEMP": "accelerator_memory_temperature",
+        "DCGM_FI_DEV_POWER_USAGE": "accelerator_power",
+        "DCGM_FI_DEV_SM_CLOCK": "accelerator_clock",
+        "DCGM_FI_DEV_XID_ERRORS": "xid_errors",
+        "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL": "ecc_sbe",
+        "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": "ecc_dbe",
+        "DCGM_FI_DEV_ROW_REMAP_FAILURE": "row_remap_failure",
+        "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": "pcie_replay",
+        "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL": "link_bandwidth",
+        "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL": "link_errors",
+    }
+    frameworks: Mapping[str, str] = {
+        "pytorch": "torch (CUDA build), NCCL backend",
+        "deepspeed": "DeepSpeed on torch (CUDA)",
+        "megatron": "Megatron-LM / Megatron-Core on torch (CUDA)",
+        "jax": "jax[cuda]",
+        "tensorflow": "tensorflow (CUDA build)",
+        "mindspore": "MindSpore GPU build (CUDA)",
+    }
+    action_map = ACTION_MAP
+    catalog_file = "nvidia_catalog.yaml"
+
+    PCI_VENDOR_ID = "10de"
+
+    def normalize_code(self, code: str) -> str:
+        match = _XID_CODE.match(code)
+        if match:
+            return f"xid:{int(match.group(1))}"
+        return code.strip()
+
+    def detect_vendor(self, labels: Mapping[str, str]) -> bool:
+        if labels.get("nvidia.com/gpu.present", "").strip().lower() == "true":
+            return True
+        if labels.get("nvidia.com/gpu.product", "").strip():
+            return True
+        return pci_vendor_present(labels, self.PCI_VENDOR_ID)
