@@ -42,24 +42,45 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     def rules_option(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--rules", action="append", type=Path, default=[], metavar="DIR",
-                       help="extra rule directory or file (repeatable), on top of the shipped rules")
+        p.add_argument(
+            "--rules",
+            action="append",
+            type=Path,
+            default=[],
+            metavar="DIR",
+            help="extra rule directory or file (repeatable), on top of the shipped rules",
+        )
 
     d = sub.add_parser("diagnose", help="classify the logs of a failed job")
-    d.add_argument("--logs", nargs="+", required=True, metavar="PATH",
-                   help="log files, directories (recursive) or - for stdin; .gz is read as well")
+    d.add_argument(
+        "--logs",
+        nargs="+",
+        required=True,
+        metavar="PATH",
+        help="log files, directories (recursive) or - for stdin; .gz is read as well",
+    )
     d.add_argument("--format", choices=("text", "json", "markdown"), default="text")
-    d.add_argument("--lang", choices=("en", "zh"), default=_default_lang(),
-                   help="language of summaries and hints (default from TRAINMEDIC_LANG / LANG)")
-    d.add_argument("--engine", choices=("auto", "fast", "re"), default="auto",
-                   help="matcher: hyperscan fast path, pure re, or auto (fast when installed)")
+    d.add_argument(
+        "--lang",
+        choices=("en", "zh"),
+        default=_default_lang(),
+        help="language of summaries and hints (default from TRAINMEDIC_LANG / LANG)",
+    )
+    d.add_argument(
+        "--engine",
+        choices=("auto", "fast", "re"),
+        default="auto",
+        help="matcher: hyperscan fast path, pure re, or auto (fast when installed)",
+    )
     rules_option(d)
 
     r = sub.add_parser("rules", help="check and list detection rules")
     rsub = r.add_subparsers(dest="rules_command", required=True, parser_class=_Parser)
-    for name, text in (("lint", "validate rule files; every problem with file:line"),
-                       ("test", "run every embedded example through the engine"),
-                       ("list", "list loaded rules")):
+    for name, text in (
+        ("lint", "validate rule files; every problem with file:line"),
+        ("test", "run every embedded example through the engine"),
+        ("list", "list loaded rules"),
+    ):
         rules_option(rsub.add_parser(name, help=text))
 
     sub.add_parser("version", help="print the version")
@@ -132,8 +153,10 @@ def _rules(args: argparse.Namespace) -> int:
     if cmd == "list":
         for rule in ruleset.rules:
             file, line = ruleset.origins[rule.id]
-            print(f"{rule.id:40} {rule.status.value:12} {rule.chip.value:9} {rule.fault_class.value:16} "
-                  f"{Path(file).name}:{line}")
+            print(
+                f"{rule.id:40} {rule.status.value:12} {rule.chip.value:9} {rule.fault_class.value:16} "
+                f"{Path(file).name}:{line}"
+            )
         return EXIT_OK
     n_ex = sum(len(r.examples.match) + len(r.examples.no_match) for r in ruleset.rules)
     if cmd == "test":

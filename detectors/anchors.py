@@ -15,14 +15,10 @@ from re._constants import (  # type: ignore[import-not-found]
     LITERAL,
     MAX_REPEAT,
     MIN_REPEAT,
+    POSSESSIVE_REPEAT,
     SUBPATTERN,
 )
 from typing import Any
-
-try:  # 3.11+
-    from re._constants import POSSESSIVE_REPEAT  # type: ignore[import-not-found]
-except ImportError:  # pragma: no cover
-    POSSESSIVE_REPEAT = MAX_REPEAT
 
 MIN_ANCHOR_LEN = 3
 

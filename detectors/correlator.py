@@ -84,19 +84,15 @@ def correlate(findings: Sequence[Finding], *, lines_scanned: int = 0) -> Diagnos
     root_finding, root_entry = enriched[best]
     root = _root_cause(root_finding, root_entry, [f for f, _ in enriched])
     for i, (f, _) in enumerate(enriched):
-        if i != best and f.consequence_of is None and f.fault_class in SYMPTOM_CLASSES \
-                and weights[i] < weights[best]:
+        if i != best and f.consequence_of is None and f.fault_class in SYMPTOM_CLASSES and weights[i] < weights[best]:
             f.consequence_of = root.code
     ordered = [enriched[i][0] for i in sorted(range(len(enriched)), key=lambda i: (-weights[i], i))]
-    return Diagnosis(
-        root_cause=root, findings=ordered, distinct_findings=len(ordered), lines_scanned=lines_scanned
-    )
+    return Diagnosis(root_cause=root, findings=ordered, distinct_findings=len(ordered), lines_scanned=lines_scanned)
 
 
 def _explain_consequences(enriched: list[tuple[Finding, udal.CatalogEntry | None]]) -> None:
     causes = [
-        f for f, e in enriched
-        if f.fault_class is FaultClass.DEVICE_ERROR and not (e is not None and e.consequence)
+        f for f, e in enriched if f.fault_class is FaultClass.DEVICE_ERROR and not (e is not None and e.consequence)
     ]
     for f, e in enriched:
         if e is None or not e.consequence:

@@ -38,9 +38,10 @@ def expand_inputs(paths: Sequence[str]) -> list[str]:
         path = Path(p)
         if path.is_dir():
             found = sorted(
-                f for f in path.rglob("*")
-                if f.is_file() and not any(part in SKIP_DIRS or part.startswith(".")
-                                           for part in f.relative_to(path).parts)
+                f
+                for f in path.rglob("*")
+                if f.is_file()
+                and not any(part in SKIP_DIRS or part.startswith(".") for part in f.relative_to(path).parts)
             )
             if not found:
                 raise InputError(f"{p}: directory holds no files")

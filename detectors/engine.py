@@ -37,6 +37,7 @@ from detectors.localize import localize
 from detectors.schema import Rule
 from trainmedic.models import Finding, Source
 
+_hs: Any
 try:
     import hyperscan as _hs
 except ImportError:  # pragma: no cover - exercised on hosts without the wheel
@@ -44,8 +45,10 @@ except ImportError:  # pragma: no cover - exercised on hosts without the wheel
 
 HYPERSCAN_AVAILABLE = _hs is not None
 
-ANSI_RE = re.compile(rb"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[@-Z\\-_])")
+# CSI (colours, cursor), OSC (titles, hyperlinks) and two-byte escapes; never across a newline.
+ANSI_RE = re.compile(rb"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b\n]*(?:\x07|\x1b\\)|[@-Z\\-_])")
 MAX_TEXT = 2000  # characters of a line kept in a finding
+MAX_RECORD_BYTES = 4 * (16 << 20)  # a record longer than this is classified in pieces
 MAX_JSON_LINE = 1 << 20  # JSON lines longer than this are matched raw only
 CHUNK_BYTES = 16 << 20  # streamed input is classified in chunks of about this size
 WRAP_MIN_LEN = 60  # a line shorter than this is not taken for a terminal-wrapped one
@@ -111,7 +114,7 @@ class Engine:
 
     def scan_text(self, text: str | bytes, *, file: str | None = None) -> list[Finding]:
         """Classify a whole document held in memory."""
-        data = text.encode("utf-8", "surrogateescape") if isinstance(text, str) else bytes(text)
+        data = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else bytes(text)
         return _fold(self._scan_chunk(data, file=file, first_line=1, final=True)[0])
 
     def scan_stream(self, stream: BinaryIO, *, file: str | None = None) -> tuple[list[Finding], int]:
@@ -139,8 +142,9 @@ class Engine:
         """Classify one event line (pipeline use): the same confirm step, no prefilter."""
         out = []
         for ri in range(len(self.rules)):
-            f = self._confirm_rule(ri, line, line, line_no, file, [i for i, p in enumerate(self._pats)
-                                                                   if p.rule_index == ri])
+            f = self._confirm_rule(
+                ri, line, line, line_no, file, [i for i, p in enumerate(self._pats) if p.rule_index == ri]
+            )
             if f is not None:
                 out.append(f)
         return out
@@ -151,10 +155,13 @@ class Engine:
         self, data: bytes, *, file: str | None, first_line: int, final: bool
     ) -> tuple[list[Finding], int, int]:
         """Classify complete records of `data`; returns findings, bytes consumed and lines consumed."""
+        whole = final
         if not final:
             cut = _record_boundary(data)
-            if cut <= 0:  # one record bigger than the chunk: take it whole
-                cut = len(data)
+            if cut <= 0:
+                if len(data) < MAX_RECORD_BYTES:
+                    return [], 0, 0  # no complete record yet: read more first
+                cut, whole = len(data), True  # one giant record: classify it as it is
             body = data[:cut]
         else:
             body = data
@@ -208,32 +215,22 @@ class Engine:
             for f, a, b, n in folded.values()
         ]
         for idx in sorted(cont_cands):
-            by_rule: dict[int, list[int]] = {}
-            for pid in cont_cands[idx]:
-                by_rule.setdefault(self._pats[pid].rule_index, []).append(pid)
-            for ri, pids in by_rule.items():
-                text = lines.record(idx, self.rules[ri].continuation).decode("utf-8", "replace")
-                f = self._confirm_rule(ri, text, text, first_line + idx, file, pids)
-                if f is not None:
-                    f.last_line_no = f.line_no
-                    findings.append(f)
-        if wrap_cands:
-            for (first, last), pids in sorted(wrap_cands.items()):
-                by_rule = {}
-                for pid in sorted(pids):
-                    by_rule.setdefault(self._pats[pid].rule_index, []).append(pid)
-                for ri, rule_pids in by_rule.items():
-                    rid = self.rules[ri].id
-                    if any((rid, j) in matched_at for j in range(first, last + 1)):
-                        continue  # already found on one physical line
-                    text = b"".join(lines.get(j).rstrip(b"\r") for j in range(first, last + 1))
-                    wtext = text.decode("utf-8", "replace")
-                    f = self._confirm_rule(ri, wtext, wtext, first_line + first, file,
-                                           rule_pids)
-                    if f is not None:
-                        f.last_line_no = first_line + last
-                        findings.append(f)
-        return findings, consumed, n_lines if final else len(nl)
+            for ri, rule_pids in self._by_rule(cont_cands[idx]).items():
+                record = lines.record(idx, self.rules[ri].continuation).decode("utf-8", "replace")
+                found = self._confirm_rule(ri, record, record, first_line + idx, file, rule_pids)
+                if found is not None:
+                    findings.append(found)
+        for (first, last), wrap_pids in sorted(wrap_cands.items()):
+            for ri, rule_pids in self._by_rule(wrap_pids).items():
+                if any((self.rules[ri].id, j) in matched_at for j in range(first, last + 1)):
+                    continue  # already found on one physical line
+                joined_text = b"".join(lines.get(j).rstrip(b"\r") for j in range(first, last + 1))
+                wtext = joined_text.decode("utf-8", "replace")
+                found = self._confirm_rule(ri, wtext, wtext, first_line + first, file, rule_pids)
+                if found is not None:
+                    found.last_line_no = first_line + last
+                    findings.append(found)
+        return findings, consumed, n_lines if whole else len(nl)
 
     def _wrapped_candidates(
         self, body: bytes, nl: np.ndarray[Any, Any], lines: _Lines
@@ -271,12 +268,13 @@ class Engine:
         joined = np.delete(arr, cut).tobytes()
         landing = cut - np.arange(len(cut))  # where the byte after each removed newline lands
         out: dict[tuple[int, int], set[int]] = {}
-        pids, ends = self._prefilters[False].scan(joined)
-        if not pids:
+        hit_pids, hit_ends = self._prefilters[False].scan(joined)
+        if not hit_pids:
             return out
-        j = np.asarray(ends, dtype=np.int64) - 1
+        j = np.asarray(hit_ends, dtype=np.int64) - 1
         original = j + np.searchsorted(landing, j, side="right")
-        for pid, last in zip(pids, np.searchsorted(nl, original, side="left").tolist(), strict=True):
+        last_lines: list[int] = np.searchsorted(nl, original, side="left").tolist()
+        for pid, last in zip(hit_pids, last_lines, strict=True):
             first = last
             while first > 0 and boundary[first - 1] and last - first < MAX_WRAPPED_LINES - 1:
                 first -= 1
@@ -284,13 +282,17 @@ class Engine:
                 out.setdefault((first, last), set()).add(pid)
         return out
 
-    def _confirm_line(self, line: str, pids: set[int], file: str | None) -> list[Finding]:
+    def _by_rule(self, pids: Iterable[int]) -> dict[int, list[int]]:
+        """Pattern ids grouped by their rule, in rule order."""
         by_rule: dict[int, list[int]] = {}
         for pid in sorted(pids):
             by_rule.setdefault(self._pats[pid].rule_index, []).append(pid)
+        return by_rule
+
+    def _confirm_line(self, line: str, pids: set[int], file: str | None) -> list[Finding]:
         decoded = _json_text(line)
         out = []
-        for ri, rule_pids in by_rule.items():
+        for ri, rule_pids in self._by_rule(pids).items():
             f = self._confirm_rule(ri, line, decoded or line, None, file, rule_pids)
             if f is not None:
                 out.append(f)
@@ -377,7 +379,7 @@ def _json_text(line: str) -> str | None:
         return None
     try:
         obj = json.loads(s)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     parts: list[str] = []
     _strings(obj, parts, 0)
@@ -638,9 +640,7 @@ class _AnchorPrefilter(_Prefilter):
         return pids, ends
 
 
-def _regex_scan(
-    pats: list[tuple[int, re.Pattern[bytes]]], data: bytes, pids: list[int], ends: list[int]
-) -> None:
+def _regex_scan(pats: list[tuple[int, re.Pattern[bytes]]], data: bytes, pids: list[int], ends: list[int]) -> None:
     """Full regex scan of a chunk, for patterns no prefilter can express; appends to pids/ends."""
     text: str | None = None
     for pid, regex in pats:
@@ -653,6 +653,6 @@ def _regex_scan(
         if text is None:
             text = data.decode("utf-8", "replace")
         str_regex = re.compile(regex.pattern.decode("utf-8"), re.ASCII | re.MULTILINE)
-        for m in str_regex.finditer(text):
+        for sm in str_regex.finditer(text):
             pids.append(pid)
-            ends.append(len(text[: max(m.end(), m.start() + 1)].encode("utf-8")))
+            ends.append(len(text[: max(sm.end(), sm.start() + 1)].encode("utf-8")))

@@ -116,9 +116,7 @@ def parse_rule_file(path: Path) -> tuple[list[tuple[Rule, int | None]], list[Pro
             rule = Rule.model_validate(item)
         except ValidationError as exc:
             for err in exc.errors():
-                problems.append(
-                    Problem(name, _node_line(root, ["rules", i, *err["loc"]]), _fmt(err), str(rule_id))
-                )
+                problems.append(Problem(name, _node_line(root, ["rules", i, *err["loc"]]), _fmt(err), str(rule_id)))
             continue
         problems.extend(_lint_rule(rule, name, line))
         good.append((rule, line))
@@ -199,21 +197,26 @@ def check_examples(ruleset: RuleSet) -> list[Problem]:
             if not any(h.code == ex.code for h in hits):
                 got = sorted({h.code for h in hits})
                 problems.append(
-                    Problem(file, line, f"example gives code {got}, expected {ex.code!r}: {_short(ex.line)}",
-                            rule.id)
+                    Problem(file, line, f"example gives code {got}, expected {ex.code!r}: {_short(ex.line)}", rule.id)
                 )
             expected_class = ex.fault_class or rule.fault_class
             if not any(h.fault_class == expected_class for h in hits):
                 problems.append(
-                    Problem(file, line, f"example gives class {hits[0].fault_class}, expected {expected_class}",
-                            rule.id)
+                    Problem(
+                        file, line, f"example gives class {hits[0].fault_class}, expected {expected_class}", rule.id
+                    )
                 )
             for group, value in ex.groups.items():
                 got_values = {_group_value(h, group) for h in hits}
                 if value not in got_values:
                     problems.append(
-                        Problem(file, line, f"example group {group}={sorted(map(str, got_values))}, "
-                                f"expected {value!r}: {_short(ex.line)}", rule.id)
+                        Problem(
+                            file,
+                            line,
+                            f"example group {group}={sorted(map(str, got_values))}, "
+                            f"expected {value!r}: {_short(ex.line)}",
+                            rule.id,
+                        )
                     )
         for neg in rule.examples.no_match:
             if any(f.rule_id == rule.id for f in engine.scan_text(neg)):

@@ -13,7 +13,7 @@ import string
 from enum import StrEnum
 from typing import Annotated
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from trainmedic.models import Action, Chip, FaultClass, I18nText, Severity, Source
 
@@ -29,6 +29,18 @@ class RuleStatus(StrEnum):
 
 def _as_list(value: object) -> object:
     return [value] if isinstance(value, str) else value
+
+
+def _check_regex(pattern: str) -> str:
+    try:
+        re.compile(pattern)
+    except re.error as exc:
+        raise ValueError(f"invalid regex {pattern!r}: {exc}") from None
+    return pattern
+
+
+# Validated one by one, so an error points at the offending item (and its YAML line).
+Regex = Annotated[str, AfterValidator(_check_regex)]
 
 
 class MatchExample(BaseModel):
@@ -62,9 +74,9 @@ class Rule(BaseModel):
     source: Annotated[list[Source], BeforeValidator(_as_list)] = Field(min_length=1)
     chip: Chip
     fault_class: FaultClass
-    patterns: Annotated[list[str], BeforeValidator(_as_list)] = Field(min_length=1)
+    patterns: Annotated[list[Regex], BeforeValidator(_as_list)] = Field(min_length=1)
     # A line matching any of these is not a finding of this rule (e.g. "this is not a failure").
-    unless: Annotated[list[str], BeforeValidator(_as_list)] = Field(default_factory=list)
+    unless: Annotated[list[Regex], BeforeValidator(_as_list)] = Field(default_factory=list)
     # Template over the named groups, e.g. "xid:{xid}"; `defaults` fills groups a pattern lacks.
     code: str = Field(min_length=1)
     defaults: dict[str, str] = Field(default_factory=dict)
@@ -82,24 +94,16 @@ class Rule(BaseModel):
     tags: list[str] = Field(default_factory=list)
     examples: Examples = Field(default_factory=Examples)
 
-    @field_validator("patterns", "unless")
-    @classmethod
-    def _compile(cls, patterns: list[str]) -> list[str]:
-        problems = []
-        for i, pattern in enumerate(patterns):
-            try:
-                re.compile(pattern)
-            except re.error as exc:
-                problems.append(f"pattern {i} {pattern!r}: {exc}")
-        if problems:
-            raise ValueError("invalid regex: " + "; ".join(problems))
-        return patterns
-
     @model_validator(mode="after")
     def _templates_resolve(self) -> Rule:
         """Every placeholder in code/message/hint is a named group of every pattern or a default."""
-        fields = {"code": self.code, "message.en": self.message.en, "message.zh": self.message.zh,
-                  "hint.en": self.hint.en, "hint.zh": self.hint.zh}
+        fields = {
+            "code": self.code,
+            "message.en": self.message.en,
+            "message.zh": self.message.zh,
+            "hint.en": self.hint.en,
+            "hint.zh": self.hint.zh,
+        }
         problems = []
         for i, pattern in enumerate(self.patterns):
             known = set(re.compile(pattern).groupindex) | set(self.defaults) | {"code"}

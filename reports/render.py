@@ -13,7 +13,7 @@ MAX_EVIDENCE = 12
 _env = Environment(
     loader=PackageLoader("reports", "templates"),
     undefined=StrictUndefined,
-    autoescape=False,  # text and Markdown; HTML reports use their own autoescaping environment
+    autoescape=False,  # noqa: S701 - text and Markdown only; HTML reports get an autoescaping environment
     trim_blocks=True,
     lstrip_blocks=True,
     keep_trailing_newline=True,
@@ -23,18 +23,36 @@ LABELS = {
     "en": {
         "ok": "No failure found",
         "ok_detail": "{lines} lines scanned; nothing matched a failure rule.",
-        "root": "ROOT CAUSE", "where": "WHERE", "vendor": "VENDOR SAYS", "action": "ACTION",
-        "todo": "WHAT TO DO", "evidence": "EVIDENCE", "explained": "explained by",
-        "lines": "lines", "distinct": "distinct", "scanned": "lines scanned", "seen": "seen",
-        "times": "times", "more": "more finding(s) not shown",
+        "root": "ROOT CAUSE",
+        "where": "WHERE",
+        "vendor": "VENDOR SAYS",
+        "action": "ACTION",
+        "todo": "WHAT TO DO",
+        "evidence": "EVIDENCE",
+        "explained": "explained by",
+        "lines": "lines",
+        "distinct": "distinct",
+        "scanned": "lines scanned",
+        "seen": "seen",
+        "times": "times",
+        "more": "more finding(s) not shown",
     },
     "zh": {
         "ok": "未发现故障",
         "ok_detail": "共扫描 {lines} 行，没有命中任何故障规则。",
-        "root": "根因", "where": "位置", "vendor": "厂商建议", "action": "处置",
-        "todo": "建议操作", "evidence": "证据", "explained": "由此引起：",
-        "lines": "行", "distinct": "条不同", "scanned": "行已扫描", "seen": "出现",
-        "times": "次", "more": "条其余发现未显示",
+        "root": "根因",
+        "where": "位置",
+        "vendor": "厂商建议",
+        "action": "处置",
+        "todo": "建议操作",
+        "evidence": "证据",
+        "explained": "由此引起：",
+        "lines": "行",
+        "distinct": "条不同",
+        "scanned": "行已扫描",
+        "seen": "出现",
+        "times": "次",
+        "more": "条其余发现未显示",
     },
 }
 
@@ -43,16 +61,18 @@ def context(diagnosis: Diagnosis, lang: str) -> dict[str, Any]:
     rc = diagnosis.root_cause
     evidence = []
     for f in diagnosis.findings[:MAX_EVIDENCE]:
-        evidence.append({
-            "where": f"{f.file or '-'}:{f.line_no or '-'}",
-            "rule_id": f.rule_id,
-            "code": f.code,
-            "fault_class": f.fault_class.value,
-            "count": f.count,
-            "consequence_of": f.consequence_of,
-            "text": f.text if len(f.text) <= 240 else f.text[:237] + "...",
-            "is_root": rc is not None and f.rule_id == rc.rule_id and f.code == rc.code,
-        })
+        evidence.append(
+            {
+                "where": f"{f.file or '-'}:{f.line_no or '-'}",
+                "rule_id": f.rule_id,
+                "code": f.code,
+                "fault_class": f.fault_class.value,
+                "count": f.count,
+                "consequence_of": f.consequence_of,
+                "text": f.text if len(f.text) <= 240 else f.text[:237] + "...",
+                "is_root": rc is not None and f.rule_id == rc.rule_id and f.code == rc.code,
+            }
+        )
     where = []
     if rc is not None:
         labels = {"en": ("node", "device", "rank", "ranks"), "zh": ("节点", "设备", "rank", "涉及 rank")}[lang]
@@ -64,7 +84,9 @@ def context(diagnosis: Diagnosis, lang: str) -> dict[str, Any]:
     return {
         "t": LABELS[lang],
         "lines_scanned": diagnosis.lines_scanned,
-        "root": None if rc is None else {
+        "root": None
+        if rc is None
+        else {
             **rc.contract_dict(lang),
             "occurrences": rc.occurrences,
             "where": ", ".join(where) if lang == "en" else "，".join(where),

@@ -16,7 +16,9 @@ WATCHDOG = (
 )
 
 
-def xid_line(n: int, *, node: str = "gpu-node-07", pci: str = "0000:3b:00", rest: str = "pid=2211, name=python3") -> str:
+def xid_line(
+    n: int, *, node: str = "gpu-node-07", pci: str = "0000:3b:00", rest: str = "pid=2211, name=python3"
+) -> str:
     return f"Nov 21 03:12:45 {node} kernel: NVRM: Xid (PCI:{pci}): {n}, {rest}"
 
 
@@ -32,8 +34,12 @@ def test_device_error_outranks_the_timeouts_it_causes(re_engine: Engine) -> None
     d = diagnose_text("\n".join(lines), re_engine)
     rc = d.root_cause
     assert rc is not None
-    assert (rc.fault_class, rc.code, rc.node, rc.device) == (FaultClass.DEVICE_ERROR, "xid:79", "gpu-node-07",
-                                                            "0000:3b:00")
+    assert (rc.fault_class, rc.code, rc.node, rc.device) == (
+        FaultClass.DEVICE_ERROR,
+        "xid:79",
+        "gpu-node-07",
+        "0000:3b:00",
+    )
     assert rc.vendor_action == "RESTART_BM"
     assert rc.action is Action.REBOOT_NODE
     watchdog = [f for f in d.findings if f.code == "nccl_watchdog"]
@@ -53,11 +59,13 @@ def test_repeats_fold_into_one_finding(re_engine: Engine) -> None:
 
 
 def test_xid45_after_another_xid_is_a_consequence(re_engine: Engine) -> None:
-    text = "\n".join([
-        xid_line(79, rest="pid=0, GPU has fallen off the bus."),
-        xid_line(45, rest="pid=2211, name=python3, Ch 00000001"),
-        xid_line(45, rest="pid=2212, name=python3, Ch 00000002"),
-    ])
+    text = "\n".join(
+        [
+            xid_line(79, rest="pid=0, GPU has fallen off the bus."),
+            xid_line(45, rest="pid=2211, name=python3, Ch 00000001"),
+            xid_line(45, rest="pid=2212, name=python3, Ch 00000002"),
+        ]
+    )
     d = diagnose_text(text, re_engine)
     assert d.root_cause is not None
     assert d.root_cause.code == "xid:79"
@@ -65,8 +73,7 @@ def test_xid45_after_another_xid_is_a_consequence(re_engine: Engine) -> None:
 
 
 def test_xid45_names_its_cause(re_engine: Engine) -> None:
-    d = diagnose_text(xid_line(45, rest="pid=1818990, name=python3, Ch 00000001 caused by previous Xid 149"),
-                      re_engine)
+    d = diagnose_text(xid_line(45, rest="pid=1818990, name=python3, Ch 00000001 caused by previous Xid 149"), re_engine)
     assert d.root_cause is not None
     assert d.root_cause.code == "xid:149"
 
@@ -110,12 +117,14 @@ def test_oom_on_one_rank_outranks_peers_timeouts(re_engine: Engine) -> None:
 
 
 def test_host_oom_kill_outranks_comm_errors(re_engine: Engine) -> None:
-    text = "\n".join([
-        "RuntimeError: NCCL error in: /pytorch/torch/lib/c10d/ProcessGroupNCCL.cpp:825, unhandled system error, "
-        "NCCL version 2.7.8",
-        "[Thu Mar 14 01:57:55 2019] Out of memory: Kill process 89746 (python) score 1031 or sacrifice child",
-        "[Thu Mar 14 01:57:55 2019] Killed process 89746 (python) total-vm:118026216kB, anon-rss:109819332kB",
-    ])
+    text = "\n".join(
+        [
+            "RuntimeError: NCCL error in: /pytorch/torch/lib/c10d/ProcessGroupNCCL.cpp:825, unhandled system error, "
+            "NCCL version 2.7.8",
+            "[Thu Mar 14 01:57:55 2019] Out of memory: Kill process 89746 (python) score 1031 or sacrifice child",
+            "[Thu Mar 14 01:57:55 2019] Killed process 89746 (python) total-vm:118026216kB, anon-rss:109819332kB",
+        ]
+    )
     d = diagnose_text(text, re_engine)
     assert d.root_cause is not None
     assert d.root_cause.fault_class is FaultClass.HOST_OOM

@@ -303,8 +303,7 @@ def _example_params() -> list[Any]:
 
 def _full(findings: list[Finding]) -> list[tuple[object, ...]]:
     return sorted(
-        (f.rule_id, f.code, f.line_no, f.last_line_no, f.count, f.node, f.device, f.rank, f.text)
-        for f in findings
+        (f.rule_id, f.code, f.line_no, f.last_line_no, f.count, f.node, f.device, f.rank, f.text) for f in findings
     )
 
 

@@ -80,9 +80,7 @@ class Case:
     nth: int = 1
 
 
-_EMPTY_MATCH = rule(
-    patterns=(r"(?P<num>\d*)",), examples="    examples: {match: [{line: '7', code: 'frob:7'}]}\n"
-)
+_EMPTY_MATCH = rule(patterns=(r"(?P<num>\d*)",), examples="    examples: {match: [{line: '7', code: 'frob:7'}]}\n")
 
 CASES = {
     "unknown-top-level-key": Case(
@@ -106,9 +104,7 @@ CASES = {
     ),
     "stable-without-examples": Case(rule_file(rule(examples="")), "- id: test.frob", ("stable", "example")),
     "failing-match-example": Case(
-        rule_file(
-            rule(examples="    examples:\n      match:\n        - {line: 'FROBNICATOR OK', code: 'frob:7'}\n")
-        ),
+        rule_file(rule(examples="    examples:\n      match:\n        - {line: 'FROBNICATOR OK', code: 'frob:7'}\n")),
         "FROBNICATOR OK",
         ("does not match", "FROBNICATOR OK"),
         alt_needle="- id: test.frob",
@@ -127,29 +123,19 @@ CASES = {
         alt_needle="- id: test.frob",
     ),
     "wrong-example-code": Case(
-        rule_file(
-            rule(
-                examples="    examples:\n      match: [{line: 'FROBNICATOR FAILED code=1', code: 'frob:9'}]\n"
-            )
-        ),
+        rule_file(rule(examples="    examples:\n      match: [{line: 'FROBNICATOR FAILED code=1', code: 'frob:9'}]\n")),
         "frob:9",
         ("frob:1", "frob:9"),
         alt_needle="- id: test.frob",
     ),
-    "yaml-syntax-error": Case(
-        rule_file(rule(extra="    tags: [unclosed, \n    bad: : :\n")), "bad: : :", ("yaml",)
-    ),
-    "invalid-enum-value": Case(
-        rule_file(rule(fault_class="gpu_oom")), "fault_class: gpu_oom", ("fault_class",)
-    ),
+    "yaml-syntax-error": Case(rule_file(rule(extra="    tags: [unclosed, \n    bad: : :\n")), "bad: : :", ("yaml",)),
+    "invalid-enum-value": Case(rule_file(rule(fault_class="gpu_oom")), "fault_class: gpu_oom", ("fault_class",)),
     "invalid-status": Case(rule_file(rule(status="beta")), "status: beta", ("status",)),
     "bad-id": Case(rule_file(rule(rule_id="Bad Id!")), "- id: Bad Id!", ("id",)),
     "version-2": Case(rule_file(rule(), header="version: 2\n"), "version: 2", ("version",)),
     "non-mapping-file": Case("- just\n- a list\n", "- just", ("mapping",)),
     "rules-not-a-list": Case("version: 1\nrules: {a: 1}\n", "rules:", ("list",)),
-    "duplicate-id-in-file": Case(
-        rule_file(rule(), rule()), "- id: test.frob", ("duplicate", "rules.yaml:3"), nth=2
-    ),
+    "duplicate-id-in-file": Case(rule_file(rule(), rule()), "- id: test.frob", ("duplicate", "rules.yaml:3"), nth=2),
 }
 
 
@@ -166,9 +152,7 @@ def test_bad_rule_file(tmp_path: Path, case: Case) -> None:
 
     relevant = [p for p in errors if fits(p)]
     assert relevant, [str(p) for p in errors]
-    assert [(p.file, p.line) for p in relevant if p.file == path and p.line in lines], [
-        str(p) for p in relevant
-    ]
+    assert [(p.file, p.line) for p in relevant if p.file == path and p.line in lines], [str(p) for p in relevant]
 
 
 def test_duplicate_id_across_files(tmp_path: Path) -> None:
@@ -255,7 +239,7 @@ def _bad_dir(tmp_path: Path) -> tuple[Path, str]:
 def test_cli_rules_bad_dir(tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str) -> None:
     d, text = _bad_dir(tmp_path)
     rc = main(["rules", command, "--rules", str(d)])
-    out, err = capsys.readouterr()
+    _out, err = capsys.readouterr()
     assert rc == 1
     bad = d / "bad.yaml"
     assert f"{bad}:{line_of(text, 'fault_class: gpu_oom')}: error" in err

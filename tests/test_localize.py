@@ -100,9 +100,7 @@ from detectors.localize import Location, localize, normalize_pci
         pytest.param("RuntimeError: CUDA error on cuda:2", Location(device="2"), id="cuda-colon"),
         pytest.param("nothing to see here", Location(), id="nothing"),
         pytest.param("", Location(), id="empty"),
-        pytest.param(
-            "Mar 27 17:40:36 kernel: NVRM: Xid (PCI:0000:01:00): 62", Location(), id="syslog-without-host"
-        ),
+        pytest.param("Mar 27 17:40:36 kernel: NVRM: Xid (PCI:0000:01:00): 62", Location(), id="syslog-without-host"),
     ],
 )
 def test_localize_prefixes(text: str, expected: Location) -> None:
@@ -131,9 +129,7 @@ def test_localize_prefixes(text: str, expected: Location) -> None:
             Location(device="1"),
             id="text-device-beats-pci",
         ),
-        pytest.param(
-            "(PID:1, Device:0, RankID:1)", {"rank": "-1"}, Location(device="0"), id="negative-rank-group"
-        ),
+        pytest.param("(PID:1, Device:0, RankID:1)", {"rank": "-1"}, Location(device="0"), id="negative-rank-group"),
         pytest.param("[rank3]: x", {"rank": "abc"}, Location(), id="non-numeric-rank-group"),
     ],
 )

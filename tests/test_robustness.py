@@ -59,25 +59,17 @@ def engine(request: pytest.FixtureRequest) -> Engine:
     ("data", "expected"),
     [
         pytest.param(b"x" * TEN_MB, [], id="10MB-line"),
-        pytest.param(
-            b"x" * TEN_MB + b" " + XID_79, [("nvidia.xid", "xid:79", 1, 1)], id="10MB-line-fault-at-end"
-        ),
+        pytest.param(b"x" * TEN_MB + b" " + XID_79, [("nvidia.xid", "xid:79", 1, 1)], id="10MB-line-fault-at-end"),
         pytest.param(b"\n" * 100_000, [], id="only-newlines"),
         pytest.param(b"", [], id="empty"),
         pytest.param(b"\xff\xfe\xc3(\xa0\xa1\xe2\x28\xa1" * 1000, [], id="invalid-utf8"),
         pytest.param(b"\x00" * 100_000, [], id="nul-bytes"),
-        pytest.param(
-            b"\xff\xfe\x00\x00" + XID_79, [("nvidia.xid", "xid:79", 1, 1)], id="invalid-utf8-then-fault"
-        ),
+        pytest.param(b"\xff\xfe\x00\x00" + XID_79, [("nvidia.xid", "xid:79", 1, 1)], id="invalid-utf8-then-fault"),
         pytest.param(b"abc\x00def\n\x00" + XID_79, [("nvidia.xid", "xid:79", 2, 1)], id="nul-then-fault"),
-        pytest.param(
-            b"a\r\r\n\r" + XID_79.replace(b"\n", b"\r\n"), [("nvidia.xid", "xid:79", 2, 1)], id="cr"
-        ),
+        pytest.param(b"a\r\r\n\r" + XID_79.replace(b"\n", b"\r\n"), [("nvidia.xid", "xid:79", 2, 1)], id="cr"),
     ],
 )
-def test_engine_degenerate_input(
-    engine: Engine, data: bytes, expected: list[tuple[str, str, int, int]]
-) -> None:
+def test_engine_degenerate_input(engine: Engine, data: bytes, expected: list[tuple[str, str, int, int]]) -> None:
     assert _keys(engine.scan_text(data)) == expected
 
 
@@ -252,9 +244,7 @@ def test_cli_repeated_fault_folds(
     assert doc["root_cause"]["node"] == "gpu-node-3"
 
 
-def test_cli_empty_stdin(
-    cli_engine: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_cli_empty_stdin(cli_engine: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     fake = io.TextIOWrapper(io.BytesIO(b""))
     monkeypatch.setattr(sys, "stdin", fake)
     doc = _diagnose_json(capsys, cli_engine, "-")
@@ -291,12 +281,8 @@ def test_cli_directory_of_logs(cli_engine: str, tmp_path: Path, capsys: pytest.C
 
 
 @pytest.mark.parametrize("fmt", ["text", "markdown"])
-def test_cli_human_formats(
-    cli_engine: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], fmt: str
-) -> None:
-    rc = main(
-        ["diagnose", "--engine", cli_engine, "--format", fmt, "--logs", _write(tmp_path / "k.log", XID_79)]
-    )
+def test_cli_human_formats(cli_engine: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], fmt: str) -> None:
+    rc = main(["diagnose", "--engine", cli_engine, "--format", fmt, "--logs", _write(tmp_path / "k.log", XID_79)])
     out, err = capsys.readouterr()
     assert rc == 0, err
     assert "79" in out
@@ -312,21 +298,15 @@ def _assert_unusable(rc: int, capsys: pytest.CaptureFixture[str], mention: str) 
 
 
 @pytest.mark.parametrize("fmt", ["json", "text"])
-def test_cli_nonexistent_path(
-    cli_engine: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], fmt: str
-) -> None:
+def test_cli_nonexistent_path(cli_engine: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], fmt: str) -> None:
     missing = str(tmp_path / "nope.log")
     rc = main(["diagnose", "--engine", cli_engine, "--format", fmt, "--logs", missing])
     _assert_unusable(rc, capsys, "nope.log")
 
 
-def test_cli_nonexistent_among_good(
-    cli_engine: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_cli_nonexistent_among_good(cli_engine: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     good = _write(tmp_path / "k.log", XID_79)
-    rc = main(
-        ["diagnose", "--engine", cli_engine, "--format", "json", "--logs", good, str(tmp_path / "nope")]
-    )
+    rc = main(["diagnose", "--engine", cli_engine, "--format", "json", "--logs", good, str(tmp_path / "nope")])
     _assert_unusable(rc, capsys, "nope")
 
 
