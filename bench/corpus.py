@@ -167,8 +167,7 @@ _NEAR_MISS = [
     "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC=600 TORCH_NCCL_ENABLE_MONITORING=1 NCCL_TIMEOUT=1800",
     "aclrtSynchronizeStream finished, error code is 0",
     "watchdog: step {s} heartbeat ok, collective SeqNum={n} completed in {t} ms",
-    "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True,max_split_size_mb:512 (avoids out of memory "
-    "fragmentation)",
+    "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True,max_split_size_mb:512 (avoids out of memory fragmentation)",
     "Memory cgroup stats for /kubepods.slice: anon {n}kB file 0kB kernel 1024kB",
 ]
 
@@ -246,8 +245,7 @@ def _deepspeed(rng: random.Random, i: int) -> str:
 def _hf_trainer(rng: random.Random, i: int) -> str:
     g = rng.getrandbits
     return (
-        f"{{'loss': {_F3[g(12)]}, 'grad_norm': {_F4[g(12)]}, 'learning_rate': {_LR[g(12)]}, "
-        f"'epoch': {i / 400000:.2f}}}"
+        f"{{'loss': {_F3[g(12)]}, 'grad_norm': {_F4[g(12)]}, 'learning_rate': {_LR[g(12)]}, 'epoch': {i / 400000:.2f}}}"
     )
 
 
@@ -328,8 +326,7 @@ def _vllm(rng: random.Random, i: int) -> str:
         )
     if k == 1:
         return (
-            f"(VllmWorkerProcess pid={pid}) INFO {ts} model_runner.py:1025] Loading model weights took "
-            f"{_GB[g(12)]} GB"
+            f"(VllmWorkerProcess pid={pid}) INFO {ts} model_runner.py:1025] Loading model weights took {_GB[g(12)]} GB"
         )
     if k == 2:
         return (
@@ -339,10 +336,7 @@ def _vllm(rng: random.Random, i: int) -> str:
             f"memory_usage_post_profile={_GB[g(12)]}GiB non_torch_memory=0.85GiB kv_cache_size=35.21GiB "
             "gpu_memory_utilization=0.90"
         )
-    return (
-        f"(VllmWorkerProcess pid={pid}) INFO {ts} custom_all_reduce_utils.py:232] "
-        "reading GPU P2P access cache"
-    )
+    return f"(VllmWorkerProcess pid={pid}) INFO {ts} custom_all_reduce_utils.py:232] reading GPU P2P access cache"
 
 
 def _ascend(rng: random.Random, i: int) -> str:
@@ -366,10 +360,7 @@ def _ascend(rng: random.Random, i: int) -> str:
             f"graph_id={g(7)}, session_id=0, iterations_per_loop=1"
         )
     if k == 5:
-        return (
-            f"[EVENT] PROFILING({pid},python):{ts} [msprof_callback.cc:152] >>> (tid:{pid}) "
-            "Started to report task"
-        )
+        return f"[EVENT] PROFILING({pid},python):{ts} [msprof_callback.cc:152] >>> (tid:{pid}) Started to report task"
     return (
         f"[INFO] ASCENDCL({pid},python):{ts} [tensor_data_transfer.cc:{_SMALL[g(9)]}]{pid} "
         f"aclrtMemcpy: size={g(24)}, kind=ACL_MEMCPY_HOST_TO_DEVICE"

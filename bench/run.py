@@ -75,7 +75,7 @@ def _rate(lines: int, seconds: Sequence[float]) -> list[float]:
 # -- classification workers ----------------------------------------------------------------------------
 
 
-def run_worker(kind: str, corpus: Path, repeats: int, cpu: int, profile: bool) -> dict[str, Any]:
+def run_worker(kind: str, corpus: Path, repeats: int, cpu: int, profile: bool, no_unwrap: bool) -> dict[str, Any]:
     cmd = [
         sys.executable,
         "-m",
@@ -89,6 +89,8 @@ def run_worker(kind: str, corpus: Path, repeats: int, cpu: int, profile: bool) -
     ]
     if profile:
         cmd.append("--profile")
+    if no_unwrap:
+        cmd.append("--no-unwrap")
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
     proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True, check=False)
@@ -257,16 +259,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         fast_res: dict[str, Any] | None = None
         if hs:
             log(f"fast path (Hyperscan) on CPU {cpu}, {args.repeats} repeats")
-            fast_res = run_worker("fast", corpus_path, args.repeats, cpu, args.profile)
+            fast_res = run_worker("fast", corpus_path, args.repeats, cpu, args.profile, args.no_unwrap)
         else:
             log("hyperscan is not installed: no fast-path figures")
         log(f"re path on CPU {cpu}, {args.repeats} repeats")
-        re_res = run_worker("re", corpus_path, args.repeats, cpu, args.profile)
+        re_res = run_worker("re", corpus_path, args.repeats, cpu, args.profile, args.no_unwrap)
 
         pats = grep_patterns(rules)
-        log(
-            f"grep -E with {len(pats.expressions)}/{pats.total} patterns on CPU {cpu}, {args.repeats} repeats"
-        )
+        log(f"grep -E with {len(pats.expressions)}/{pats.total} patterns on CPU {cpu}, {args.repeats} repeats")
         grep_res = run_grep(pats, corpus_path, workdir, args.repeats, cpu)
     finally:
         if args.keep:
@@ -289,11 +289,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for kind, res in (("fast", fast_res), ("re", re_res))
         if res is not None and res.get("profile_top")
     }
-    peaks = [
-        v
-        for v in (fast.get("classify_fast_peak_rss_mb"), slow.get("classify_re_peak_rss_mb"))
-        if v is not None
-    ]
+    peaks = [v for v in (fast.get("classify_fast_peak_rss_mb"), slow.get("classify_re_peak_rss_mb")) if v is not None]
     fast_rate = fast["classify_fast_lines_per_s"]
     re_rate = slow["classify_re_lines_per_s"]
     affinity = sorted(os.sched_getaffinity(0))
@@ -327,6 +323,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         # rules
         "rules": len(rules),
         "patterns": sum(len(r.patterns) for r in rules),
+        "engine_unwrap": (re_res or {}).get("unwrap"),
         # machine
         "cores": os.cpu_count(),
         "cores_affinity": len(affinity),
@@ -366,18 +363,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description="Rule-engine throughput per core, as one JSON object.")
-    ap.add_argument(
-        "--lines", type=int, default=None, help=f"corpus size in lines (default {DEFAULT_LINES:,})"
-    )
+    ap.add_argument("--lines", type=int, default=None, help=f"corpus size in lines (default {DEFAULT_LINES:,})")
     ap.add_argument("--quick", action="store_true", help=f"smoke run on {QUICK_LINES:,} lines")
     ap.add_argument("--repeats", type=int, default=3, help="timed repeats per path (median reported)")
     ap.add_argument("--cpu", type=int, default=None, help="CPU to pin to (default: the last one allowed)")
     ap.add_argument("--seed", type=int, default=corpus_mod.DEFAULT_SEED, help="corpus seed")
+    ap.add_argument("--output", type=Path, default=RESULTS, help="where to write the JSON (default bench/results.json)")
+    ap.add_argument("--profile", action="store_true", help="add a cProfile top list per path (one extra scan)")
     ap.add_argument(
-        "--output", type=Path, default=RESULTS, help="where to write the JSON (default bench/results.json)"
-    )
-    ap.add_argument(
-        "--profile", action="store_true", help="add a cProfile top list per path (one extra scan)"
+        "--no-unwrap", action="store_true", help="Engine(..., unwrap=False): no hard-wrap view, as the pipeline runs it"
     )
     ap.add_argument("--keep", action="store_true", help="keep the generated corpus and pattern file")
     args = ap.parse_args(argv)

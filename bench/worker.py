@@ -39,7 +39,9 @@ def _cpu_seconds() -> float:
     return ru.ru_utime + ru.ru_stime
 
 
-def measure(path_kind: str, corpus: Path, repeats: int, cpu: int | None, profile: bool) -> dict[str, Any]:
+def measure(
+    path_kind: str, corpus: Path, repeats: int, cpu: int | None, profile: bool, unwrap: bool | None = None
+) -> dict[str, Any]:
     if cpu is not None:
         os.sched_setaffinity(0, {cpu})
     t0 = time.perf_counter()
@@ -55,7 +57,8 @@ def measure(path_kind: str, corpus: Path, repeats: int, cpu: int | None, profile
     rules = load_rules().rules
     load_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    engine = Engine(rules, fast=fast)
+    # unwrap=None keeps the engine's default (what `Engine(rules, fast=...)` does).
+    engine = Engine(rules, fast=fast) if unwrap is None else Engine(rules, fast=fast, unwrap=unwrap)
     compile_s = time.perf_counter() - t0
     rss_compiled_kib = _vm_kib("VmRSS")
 
@@ -99,6 +102,7 @@ def measure(path_kind: str, corpus: Path, repeats: int, cpu: int | None, profile
         "pid": os.getpid(),
         "cpu": cpu,
         "affinity": sorted(os.sched_getaffinity(0)),
+        "unwrap": getattr(engine, "unwrap", None),
         "rules": len(rules),
         "patterns": sum(len(r.patterns) for r in rules),
         "import_s": import_s,
@@ -123,8 +127,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--cpu", type=int, default=None)
     ap.add_argument("--profile", action="store_true", help="one extra scan under cProfile")
+    ap.add_argument("--no-unwrap", action="store_true", help="Engine(..., unwrap=False), as the pipeline runs it")
     args = ap.parse_args(argv)
-    result = measure(args.path, args.corpus, args.repeats, args.cpu, args.profile)
+    result = measure(args.path, args.corpus, args.repeats, args.cpu, args.profile, False if args.no_unwrap else None)
     json.dump(result, sys.stdout)
     sys.stdout.write("\n")
     return 0 if "error" not in result else 1

@@ -1,0 +1,54 @@
+"""Golden files for `trainmedic diagnose` in every format and both languages.
+
+Regenerate after an intended change with `UPDATE_GOLDEN=1 make test` (or pytest on this file) and
+review the diff like code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from agent.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+GOLDEN = Path(__file__).parent / "golden"
+CASES = {
+    "gpu-fell-off-bus": ["examples/gpu-fell-off-bus"],
+    "healthy": ["tests/data/healthy-train.log"],
+}
+FORMATS = {"json": "json", "text": "txt", "markdown": "md"}
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+@pytest.mark.parametrize("fmt", list(FORMATS))
+@pytest.mark.parametrize("case", list(CASES))
+def test_diagnose_output_matches_golden(
+    case: str, fmt: str, lang: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(ROOT)
+    rc = main(["diagnose", "--logs", *CASES[case], "--format", fmt, "--lang", lang])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    if fmt == "json":
+        parsed = json.loads(out)
+        assert set(parsed) == {"root_cause", "findings"}
+    golden = GOLDEN / f"{case}.{lang}.{FORMATS[fmt]}"
+    if os.environ.get("UPDATE_GOLDEN"):
+        golden.write_text(out, encoding="utf-8")
+    assert out == golden.read_text(encoding="utf-8")
+
+
+def test_json_contract_shape(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """DESIGN.md's `diagnose --format json` shape, key for key."""
+    monkeypatch.chdir(ROOT)
+    assert main(["diagnose", "--logs", "examples/gpu-fell-off-bus", "--format", "json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out["root_cause"]) == {
+        "fault_class", "chip", "code", "vendor_action", "action", "node", "device", "rank", "summary", "hint",
+    }
+    for finding in out["findings"]:
+        assert {"rule_id", "fault_class", "chip", "code", "source", "line_no", "text"} <= set(finding)
