@@ -48,7 +48,16 @@ def test_json_contract_shape(capsys: pytest.CaptureFixture[str], monkeypatch: py
     assert main(["diagnose", "--logs", "examples/gpu-fell-off-bus", "--format", "json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert set(out["root_cause"]) == {
-        "fault_class", "chip", "code", "vendor_action", "action", "node", "device", "rank", "summary", "hint",
+        "fault_class",
+        "chip",
+        "code",
+        "vendor_action",
+        "action",
+        "node",
+        "device",
+        "rank",
+        "summary",
+        "hint",
     }
     for finding in out["findings"]:
         assert {"rule_id", "fault_class", "chip", "code", "source", "line_no", "text"} <= set(finding)

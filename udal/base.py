@@ -19,9 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from trainmedic.models import Action, Chip, FaultClass, I18nText, Severity
 
-Origin = Literal[
-    "hardware", "application", "driver", "system", "interconnect", "thermal", "memory", "unknown"
-]
+Origin = Literal["hardware", "application", "driver", "system", "interconnect", "thermal", "memory", "unknown"]
 
 ORIGINS: tuple[str, ...] = (
     "hardware",

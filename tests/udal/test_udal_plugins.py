@@ -44,10 +44,7 @@ def test_fallback_without_distribution_metadata() -> None:
 
 
 def test_discover_from_entry_points() -> None:
-    eps = [
-        EntryPoint(name=name, value=target, group=ENTRY_POINT_GROUP)
-        for name, target in BUILTIN_PLUGINS.items()
-    ]
+    eps = [EntryPoint(name=name, value=target, group=ENTRY_POINT_GROUP) for name, target in BUILTIN_PLUGINS.items()]
     plugins = discover(eps=eps)
     assert isinstance(plugins[Chip.ASCEND], AscendPlugin)
     assert isinstance(plugins["fake"], FakePlugin)
