@@ -9,6 +9,8 @@ Steps:
    `LC_ALL=C grep -E -c -f PATTERNS FILE`, pinned to the same CPU, the same number of repeats.
    (`-c` rather than output to /dev/null: GNU grep stops at the first match when its output is
    /dev/null, which would measure nothing.)
+   The engine is built as `Engine(rules, fast=...)`, i.e. with its defaults (hard-wrap view on);
+   `--no-unwrap` measures `unwrap=False`, the setting the pipeline uses for container logs.
 4. Print one JSON object on stdout (medians, ratios, corpus and machine facts, per-repeat figures)
    and write it to bench/results.json. Progress goes to stderr.
 """
