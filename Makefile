@@ -38,7 +38,7 @@ demo: venv
 	$(VENV)/bin/trainmedic diagnose --logs examples/gpu-fell-off-bus
 
 bench: venv
-	$(PY) bench/run.py
+	@$(PY) bench/run.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache build *.egg-info
