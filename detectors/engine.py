@@ -23,7 +23,6 @@ test suite checks fast == re == a naive line-by-line reference on random input.
 
 from __future__ import annotations
 
-import bisect
 import json
 import re
 from collections.abc import Iterable, Sequence
@@ -137,17 +136,6 @@ class Engine:
             if final:
                 break
         return _fold(found), first_line - 1
-
-    def match_line(self, line: str, *, file: str | None = None, line_no: int | None = None) -> list[Finding]:
-        """Classify one event line (pipeline use): the same confirm step, no prefilter."""
-        out = []
-        for ri in range(len(self.rules)):
-            f = self._confirm_rule(
-                ri, line, line, line_no, file, [i for i, p in enumerate(self._pats) if p.rule_index == ri]
-            )
-            if f is not None:
-                out.append(f)
-        return out
 
     # -- the chunk pipeline ---------------------------------------------------------------------------
 
@@ -479,10 +467,6 @@ class _Lines:
     def __init__(self, body: bytes, nl: np.ndarray[Any, Any]) -> None:
         self.body = body
         self.nl = nl
-        self._nl_list: list[int] | None = None
-
-    def index_of(self, offset: int) -> int:
-        return int(np.searchsorted(self.nl, offset, side="left"))
 
     def bounds(self, idx: int) -> tuple[int, int]:
         start = int(self.nl[idx - 1]) + 1 if idx > 0 else 0
@@ -507,9 +491,7 @@ class _Lines:
         """First line of the multi-line record that line `idx` belongs to (in the joined view)."""
         start, _ = self.bounds(idx)
         nl = joined.rfind(b"\n", 0, start)
-        if self._nl_list is None:
-            self._nl_list = self.nl.tolist()
-        return bisect.bisect_left(self._nl_list, nl) + 1 if nl >= 0 else 0
+        return int(np.searchsorted(self.nl, nl, side="left")) + 1 if nl >= 0 else 0
 
     def record(self, idx: int, extra: int) -> bytes:
         """Line `idx` plus up to `extra` following indented lines, joined by single spaces."""
