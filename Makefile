@@ -8,7 +8,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: all venv check lint types test demo bench clean
+.PHONY: all venv servers check lint types test demo bench clean
 
 all: test
 
@@ -21,6 +21,15 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
+# Test servers from Debian (DESIGN.md "Real components"): Prometheus (and Alertmanager) started by
+# the tests on loopback. The Kafka-protocol broker (tansu) and the Kubernetes emulator come with the
+# Python test extras above.
+servers:
+	@command -v prometheus >/dev/null && command -v prometheus-alertmanager >/dev/null || { \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends prometheus prometheus-alertmanager >/dev/null; }
+
 lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
@@ -30,7 +39,7 @@ types: venv
 
 check: lint types
 
-test: check
+test: check servers
 	$(VENV)/bin/trainmedic rules test
 	$(PY) -m pytest -q
 

@@ -1,0 +1,49 @@
+"""The agent's own metrics (served on /metrics by the API) and structured log helpers.
+
+One `Telemetry` object per agent process, passed to the components that count things; each owns a
+private CollectorRegistry, so two agents in one test process never share counters.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+log = logging.getLogger("trainmedic")
+
+
+class Telemetry:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.events_in = Counter("trainmedic_events_in", "Events consumed from the bus", ["topic"], registry=r)
+        self.events_out = Counter("trainmedic_events_out", "Events published to the bus", ["topic"], registry=r)
+        self.dlq = Counter("trainmedic_dlq", "Messages set aside on trainmedic.dlq", ["reason"], registry=r)
+        self.producer_buffered = Gauge(
+            "trainmedic_producer_buffered", "Events waiting in the producer buffer (broker unreachable)", registry=r
+        )
+        self.producer_dropped = Counter(
+            "trainmedic_producer_dropped", "Events dropped because the producer buffer was full", ["topic"], registry=r
+        )
+        self.producer_retries = Counter("trainmedic_producer_retries", "Producer send retries", registry=r)
+        self.consumer_lag = Gauge("trainmedic_consumer_lag", "Unread records in owned partitions", registry=r)
+        self.lines_in = Counter("trainmedic_lines_in", "Log and kernel lines scanned", ["source"], registry=r)
+        self.findings = Counter("trainmedic_findings", "Findings by fault class", ["fault_class"], registry=r)
+        self.diagnoses = Counter(
+            "trainmedic_diagnoses", "Diagnoses published by fault class", ["fault_class"], registry=r
+        )
+        self.watch_errors = Counter(
+            "trainmedic_watch_errors", "Watcher errors (API, file, scrape) by source", ["source", "kind"], registry=r
+        )
+        self.watch_relists = Counter(
+            "trainmedic_watch_relists", "Kubernetes relists (410 Gone)", ["resource"], registry=r
+        )
+        self.fault_to_diagnosis = Histogram(
+            "trainmedic_fault_to_diagnosis_seconds",
+            "From the observation of the first fault line to its diagnosis published",
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+            registry=r,
+        )
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
