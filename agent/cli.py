@@ -2,6 +2,7 @@
 
     trainmedic diagnose --logs PATH [PATH ...] [--format text|json|markdown] [--lang en|zh]
     trainmedic rules lint|test|list [--rules DIR ...]
+    trainmedic run [--config FILE] [--role node|cluster|brain|all] [--check]
     trainmedic version
 
 Exit codes: 0 done (whether or not a fault was found); 1 rule problems (`rules lint/test`);
@@ -83,6 +84,16 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         rules_option(rsub.add_parser(name, help=text))
 
+    run = sub.add_parser("run", help="run the agent (one role, or all in one process)")
+    run.add_argument("--config", type=Path, default=None, metavar="FILE", help="settings YAML (default: built-ins)")
+    run.add_argument(
+        "--role",
+        choices=("node", "cluster", "brain", "all"),
+        default="all",
+        help="node: logs, kernel, devices; cluster: Kubernetes, Prometheus; brain: detectors; all: one process",
+    )
+    run.add_argument("--check", action="store_true", help="validate the settings for the role and exit")
+
     sub.add_parser("version", help="print the version")
     return parser
 
@@ -94,6 +105,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _diagnose(args)
         if args.command == "rules":
             return _rules(args)
+        if args.command == "run":
+            return _run(args)
         print(__version__)
         return EXIT_OK
     except KeyboardInterrupt:
@@ -135,6 +148,29 @@ def _diagnose(args: argparse.Namespace) -> int:
         sys.stdout.write(render(diagnosis, args.format, args.lang))
     sys.stdout.flush()
     return EXIT_OK
+
+
+def _run(args: argparse.Namespace) -> int:
+    from agent.config import ConfigError, Role, check_role, load_settings
+
+    role = Role(args.role)
+    try:
+        settings = load_settings(args.config)
+    except ConfigError as exc:
+        for p in exc.problems:
+            print(f"trainmedic: config: {p}", file=sys.stderr)
+        return EXIT_UNUSABLE
+    problems = check_role(settings, role)
+    if problems:
+        for p in problems:
+            print(f"trainmedic: config: {p}", file=sys.stderr)
+        return EXIT_UNUSABLE
+    if args.check:
+        print(f"config OK for role {role.value}")
+        return EXIT_OK
+    from agent import run
+
+    return run.main(settings, role)
 
 
 def _rules(args: argparse.Namespace) -> int:

@@ -7,15 +7,20 @@ selector on spec.nodeName); the cluster role knows all pods.
 The job of a pod, first match wins:
 1. the controller ownerReference when it is a training workload: batch/v1 Job,
    batch.volcano.sh Job, kubeflow.org PyTorchJob (or another kubeflow.org job kind);
-2. the labels those controllers set: `training.kubeflow.org/job-name`, `volcano.sh/job-name`,
+2. the labels those controllers set: `training.kubeflow.org/job-name` (the kind from
+   `training.kubeflow.org/operator-name`, PyTorchJob when absent), `volcano.sh/job-name`,
    `batch.kubernetes.io/job-name`, the legacy `job-name`;
-3. none: the pod stands alone (`kind: Pod`).
+3. none: the pod stands alone (`job_of` returns None).
 
-The rank: `batch.kubernetes.io/job-completion-index` (Indexed Job), `volcano.sh/task-index`,
-Kubeflow `training.kubeflow.org/replica-index` (+1 for workers when the job has a Master replica,
-as the PyTorchJob controller numbers RANK), the legacy `replica-index`, an explicit `RANK` env value,
-or the StatefulSet-style ordinal at the end of the pod name as a last resort is NOT used (too often
-wrong).
+The rank, first match wins:
+1. an explicit `RANK` env value in the pod spec: the Kubeflow training-operator and Volcano's
+   pytorch plugin write the rank they give the process there, master offset included (a Volcano
+   job's `task-index` restarts at 0 in every task, so master-0 and worker-0 would both be 0);
+2. `batch.kubernetes.io/job-completion-index` (Indexed Job), `volcano.sh/task-index`, Kubeflow
+   `training.kubeflow.org/replica-index` (+1 for workers, as the PyTorchJob controller numbers
+   RANK when the job has a Master replica; not for elastic pods, `PET_*` env, which have none; the
+   annotation `trainmedic.io/has-master: "false"` turns it off), the legacy `replica-index`.
+The StatefulSet-style ordinal at the end of the pod name is NOT used (too often wrong).
 """
 
 from __future__ import annotations
@@ -38,6 +43,16 @@ _JOB_NAME_LABELS = (
     ("batch.kubernetes.io/job-name", "Job", "batch/v1"),
     ("job-name", "Job", "batch/v1"),
 )
+# training.kubeflow.org/operator-name -> kind, for pods without an ownerReference.
+_KUBEFLOW_OPERATORS = {
+    "pytorchjob-controller": "PyTorchJob",
+    "tfjob-controller": "TFJob",
+    "mpijob-controller": "MPIJob",
+    "xgboostjob-controller": "XGBoostJob",
+    "paddlejob-controller": "PaddleJob",
+    "jaxjob-controller": "JAXJob",
+    "mxjob-controller": "MXJob",
+}
 _INDEX_KEYS = (
     "batch.kubernetes.io/job-completion-index",
     "volcano.sh/task-index",
@@ -65,11 +80,25 @@ def _get(obj: Mapping[str, Any] | None, *path: str) -> Any:
     return cur
 
 
+def _map(v: Any) -> Mapping[str, Any]:
+    return v if isinstance(v, Mapping) else {}
+
+
+def _env(pod: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    out: list[Mapping[str, Any]] = []
+    containers = _get(pod, "spec", "containers")
+    for container in containers if isinstance(containers, list) else ():
+        env = _map(container).get("env")
+        out.extend(e for e in (env if isinstance(env, list) else ()) if isinstance(e, Mapping))
+    return out
+
+
 def job_of(pod: Mapping[str, Any]) -> JobRef | None:
     """The training job that owns a pod (a pod as the API's JSON: metadata, spec, status)."""
-    meta = pod.get("metadata") or {}
-    ns = meta.get("namespace") or "default"
-    for ref in meta.get("ownerReferences") or ():
+    meta = _map(pod.get("metadata"))
+    ns = str(meta.get("namespace") or "default")
+    refs = meta.get("ownerReferences")
+    for ref in refs if isinstance(refs, list) else ():
         if not isinstance(ref, Mapping) or ref.get("controller") is False:
             continue
         api_version = str(ref.get("apiVersion") or "")
@@ -77,18 +106,26 @@ def job_of(pod: Mapping[str, Any]) -> JobRef | None:
         kind = str(ref.get("kind") or "")
         if kind in _WORKLOAD_GROUPS.get(group, ()) and ref.get("name"):
             return JobRef(namespace=ns, name=str(ref["name"]), kind=kind, api_version=api_version)
-    labels = meta.get("labels") or {}
-    for label, kind, api_version in _JOB_NAME_LABELS:
+    labels = _map(meta.get("labels"))
+    for label, default_kind, api_version in _JOB_NAME_LABELS:
         name = labels.get(label)
         if name:
+            kind = default_kind
+            if label == "training.kubeflow.org/job-name":
+                operator = str(labels.get("training.kubeflow.org/operator-name", ""))
+                kind = _KUBEFLOW_OPERATORS.get(operator, default_kind)
             return JobRef(namespace=ns, name=str(name), kind=kind, api_version=api_version)
     return None
 
 
 def rank_of(pod: Mapping[str, Any]) -> int | None:
-    meta = pod.get("metadata") or {}
-    labels = meta.get("labels") or {}
-    annotations = meta.get("annotations") or {}
+    meta = _map(pod.get("metadata"))
+    labels = _map(meta.get("labels"))
+    annotations = _map(meta.get("annotations"))
+    env = _env(pod)
+    for e in env:
+        if e.get("name") == "RANK" and str(e.get("value", "")).isdigit():
+            return int(str(e["value"]))
     for key in _INDEX_KEYS:
         raw = labels.get(key, annotations.get(key))
         if raw is None:
@@ -97,25 +134,29 @@ def rank_of(pod: Mapping[str, Any]) -> int | None:
             idx = int(str(raw))
         except ValueError:
             continue
+        if idx < 0:
+            continue
         if key == "training.kubeflow.org/replica-index":
             rtype = str(labels.get("training.kubeflow.org/replica-type", "")).lower()
-            if rtype == "worker" and str(annotations.get("trainmedic.io/has-master", "true")) != "false":
+            elastic = any(str(e.get("name", "")).startswith("PET_") for e in env)
+            if (
+                rtype == "worker"
+                and not elastic
+                and str(annotations.get("trainmedic.io/has-master", "true")) != "false"
+            ):
                 return idx + 1
         return idx
-    for container in _get(pod, "spec", "containers") or ():
-        for env in (container or {}).get("env") or ():
-            if isinstance(env, Mapping) and env.get("name") == "RANK" and str(env.get("value", "")).isdigit():
-                return int(env["value"])
     return None
 
 
 def pod_info(pod: Mapping[str, Any]) -> PodInfo:
-    meta = pod.get("metadata") or {}
+    meta = _map(pod.get("metadata"))
+    uid, node = meta.get("uid"), _get(pod, "spec", "nodeName")
     return PodInfo(
         namespace=str(meta.get("namespace") or "default"),
         name=str(meta.get("name") or ""),
-        uid=meta.get("uid"),
-        node=_get(pod, "spec", "nodeName"),
+        uid=uid if isinstance(uid, str) and uid else None,
+        node=node if isinstance(node, str) and node else None,
         job=job_of(pod),
         rank=rank_of(pod),
     )

@@ -28,3 +28,8 @@ def fast_engine(shipped_ruleset: RuleSet) -> Engine:
             pytest.fail("CI is set but the hyperscan module is not importable")
         pytest.skip("hyperscan is not installed")
     return Engine(shipped_ruleset.rules, fast=True)
+
+
+# looptime leaves a stray event loop behind in synchronous tests; close it around every test so an
+# unclosed-loop ResourceWarning never fails an unrelated later test (see tests/servers/loops.py).
+from servers.loops import no_stray_event_loop  # noqa: E402, F401

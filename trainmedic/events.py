@@ -273,7 +273,7 @@ def decode(data: bytes | None) -> Event:
     if len(data) > MAX_MESSAGE_BYTES:
         raise EventError(f"oversized message: {len(data)} bytes > {MAX_MESSAGE_BYTES}")
     try:
-        return Event.model_validate_json(data)
+        event = Event.model_validate_json(data)
     except ValidationError as e:
         first = e.errors()[0]
         where = ".".join(str(p) for p in first.get("loc", ())) or "body"
@@ -282,6 +282,9 @@ def decode(data: bytes | None) -> Event:
                 f"unknown schema version {_version_of(data)!r} (this agent reads v{SCHEMA_VERSION})"
             ) from e
         raise EventError(f"malformed event: {where}: {first.get('msg', 'invalid')} ({e.error_count()} errors)") from e
+    if event.v != SCHEMA_VERSION:
+        raise EventError(f"unknown schema version {event.v!r} (this agent reads v{SCHEMA_VERSION})")
+    return event
 
 
 def _version_of(data: bytes) -> object:

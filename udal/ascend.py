@@ -46,16 +46,29 @@ class AscendPlugin(ChipPlugin):
     node_label_keys = ("accelerator", "node.kubernetes.io/npu.chip.name", "servertype", "accelerator-type")
     visible_devices_env = "ASCEND_RT_VISIBLE_DEVICES"
     visible_devices_env_fallbacks = ("ASCEND_VISIBLE_DEVICES",)
-    # MindCluster npu-exporter metric names.
+    # MindCluster NPU Exporter (github.com/Ascend/ascend-npu-exporter, collector/npu_collector.go, and
+    # the MindCluster "Prometheus Metrics" API page). Chip series carry the labels id (physical chip
+    # id), model_name, vdie_id, pcie_bus_info, namespace, pod_name, container_name; none names the
+    # node, so Prometheus' target labels (kubernetes_node, node, instance) must. Values:
+    # health_status 1 healthy / 0 unhealthy, link_status 1 UP / 0 DOWN, network_status 1 reachable /
+    # 0 not; since MindCluster 26.1 those three report -1 when the DCMI / hccn_tool call fails.
+    # error_code is the first current fault code as a decimal number (0x80C98000 -> 2160689152).
+    # Memory is in MB. hbm_utilization, hbm_temperature and the HBM ECC counters come from the hbm
+    # metrics group (newer releases).
     metric_names: Mapping[str, str] = {
         "npu_chip_info_utilization": "accelerator_utilization",
         "npu_chip_info_hbm_used_memory": "accelerator_memory_used",
         "npu_chip_info_hbm_total_memory": "accelerator_memory_total",
+        "npu_chip_info_hbm_utilization": "accelerator_memory_utilization",
         "npu_chip_info_used_memory": "device_ddr_memory_used",
         "npu_chip_info_total_memory": "device_ddr_memory_total",
         "npu_chip_info_temperature": "accelerator_temperature",
+        "npu_chip_info_hbm_temperature": "accelerator_memory_temperature",
         "npu_chip_info_power": "accelerator_power",
         "npu_chip_info_voltage": "accelerator_voltage",
+        "npu_chip_info_aicore_current_freq": "accelerator_clock",
+        "npu_chip_info_hbm_ecc_single_bit_error_cnt": "ecc_sbe",
+        "npu_chip_info_hbm_ecc_double_bit_error_cnt": "ecc_dbe",
         "npu_chip_info_health_status": "health",
         "npu_chip_info_link_status": "link_status",
         "npu_chip_info_network_status": "network_status",

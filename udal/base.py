@@ -32,7 +32,19 @@ ORIGINS: tuple[str, ...] = (
     "unknown",
 )
 
-# The one metric vocabulary every plugin maps its exporter's names onto.
+# The one metric vocabulary every plugin maps its exporter's names onto. Values keep the exporter's
+# own unit (memory: MiB for DCGM and NVML, MB for npu-exporter, bytes for mlu-exporter), so compare
+# a device with itself over time, not chips with each other. Semantics the detectors rely on:
+#   xid_errors            the value of the LAST Xid seen on the device (DCGM_FI_DEV_XID_ERRORS is a
+#                         gauge "Value of the last XID error encountered", not a count); 0 = none yet
+#   ecc_sbe, ecc_dbe      error counters (volatile: reset by a driver reload or device reset)
+#   health                1 healthy, 0 unhealthy; a negative value means the exporter could not read it
+#                         (npu-exporter 26.1 reports -1 when the DCMI call fails)
+#   link_status           1 up / active, 0 down / inactive (negative: unknown), per link where the
+#                         exporter has one (the sample's device is then "<device>/link<N>")
+#   network_status        1 reachable, 0 not (Ascend RoCE port health check)
+#   row_remap_failure     > 0 once row remapping has failed; row_remap_pending > 0 while a remap waits
+#                         for a reset; retired_pages_pending > 0 while a page retirement waits for one
 METRIC_VOCABULARY: frozenset[str] = frozenset(
     {
         "accelerator_utilization",
@@ -51,6 +63,8 @@ METRIC_VOCABULARY: frozenset[str] = frozenset(
         "ecc_sbe",
         "ecc_dbe",
         "row_remap_failure",
+        "row_remap_pending",
+        "retired_pages_pending",
         "pcie_replay",
         "health",
         "link_status",

@@ -22,7 +22,13 @@ ACTION_MAP: Mapping[str, Action] = {}
 
 _PREFIXED = re.compile(r"^\s*(cncl|cndev)\s*:\s*([A-Za-z0-9_]+)\s*$", re.IGNORECASE)
 
-# mlu-exporter exports the names of examples/metrics.yaml under the metric prefix "mlu".
+# Cambricon mlu-exporter (github.com/Cambricon/mlu-exporter, examples/metrics.yaml and
+# pkg/collector/cndev.go) exports the names of metrics.yaml under the prefix given by --metrics-prefix,
+# "mlu" in every shipped example. Labels: mlu (index), uuid, sn, model, type, driver, mcu, node (the
+# --hostname / ENV_NODE_NAME value); MLU-Link series add link. Values: health 1 healthy / 0 sick;
+# mlulink_status 1 enabled / 0 disabled (per link); memory in bytes. last_xid_error holds the value
+# of the last xid of the device (like DCGM's XID_ERRORS gauge); xid_error_count is a counter per xid
+# label value and is deliberately not mapped onto xid_errors.
 _PREFIX = "mlu_"
 
 
@@ -45,10 +51,11 @@ class CambriconPlugin(ChipPlugin):
         _PREFIX + "health": "health",
         _PREFIX + "mlulink_status": "link_status",
         _PREFIX + "mlulink_err_uncorrected_total": "link_errors",
-        _PREFIX + "xid_error_count": "xid_errors",
+        _PREFIX + "last_xid_error": "xid_errors",
         _PREFIX + "dram_ecc_sbe_count": "ecc_sbe",
         _PREFIX + "dram_ecc_dbe_count": "ecc_dbe",
         _PREFIX + "remapped_failed_rows": "row_remap_failure",
+        _PREFIX + "remapped_pending_rows": "row_remap_pending",
         _PREFIX + "pcie_replay_count": "pcie_replay",
     }
     frameworks: Mapping[str, str] = {

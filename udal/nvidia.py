@@ -70,8 +70,17 @@ class NvidiaPlugin(ChipPlugin):
     node_label_keys = ("nvidia.com/gpu.present", "nvidia.com/gpu.product", "nvidia.com/gpu.count")
     visible_devices_env = "CUDA_VISIBLE_DEVICES"
     visible_devices_env_fallbacks = ("NVIDIA_VISIBLE_DEVICES",)
-    # dcgm-exporter etc/default-counters.csv (plus DCGM_FI_DEV_FB_TOTAL and the ECC counters, which
-    # are DCGM fields commented out of / absent from the default list and must be enabled).
+    # dcgm-exporter (github.com/NVIDIA/dcgm-exporter, etc/default-counters.csv): the exporter names each
+    # series after its DCGM field and labels it gpu (index), UUID, device (nvidia<N>), modelName,
+    # Hostname (NODE_NAME when set), plus namespace/pod/container when it maps GPUs to pods.
+    # In the default list: clocks, temperatures, power, PCIe replays, utilization, FB free/used,
+    # XID_ERRORS, NVLINK_BANDWIDTH_TOTAL, the remapped-rows fields. Commented out of the default list
+    # (enable them in the counters CSV for the ECC / retirement / NVLink-error rules to see anything):
+    # ECC_*_VOL_TOTAL, RETIRED_PENDING, NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL. DCGM_FI_DEV_FB_TOTAL is a DCGM
+    # field absent from the list. DCGM_FI_DEV_XID_ERRORS is a gauge holding the value of the LAST Xid
+    # ("Value of the last XID error encountered"), not a count. DCGM_FI_DEV_NVLINK_LINK_STATUS is a
+    # per-link entity field (labels nvlink/nvswitch, no gpu) with a 4-state enum, so it is not mapped;
+    # NVML gives link state per GPU (agent/watchers/nvml.py).
     metric_names: Mapping[str, str] = {
         "DCGM_FI_DEV_GPU_UTIL": "accelerator_utilization",
         "DCGM_FI_DEV_MEM_COPY_UTIL": "accelerator_memory_utilization",
@@ -86,6 +95,7 @@ class NvidiaPlugin(ChipPlugin):
         "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL": "ecc_sbe",
         "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": "ecc_dbe",
         "DCGM_FI_DEV_ROW_REMAP_FAILURE": "row_remap_failure",
+        "DCGM_FI_DEV_RETIRED_PENDING": "retired_pages_pending",
         "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": "pcie_replay",
         "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL": "link_bandwidth",
         "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL": "link_errors",

@@ -1,0 +1,415 @@
+"""The brain's detector service: input topics in, findings and diagnoses out.
+
+One `Brain` is one member of the consumer group over the input topics (logs, kernel, k8s,
+metrics). Because events are keyed by job (trainmedic/events.py), the member that owns a partition
+owns every job hashed to it: it alone correlates that job, and (issue 4) alone acts on it.
+
+Per event:
+* log and kernel batches go through the rule engine (the same engine as `trainmedic diagnose`,
+  compiled once per source: container logs, kernel, Kubernetes lines); pod statuses and core/v1
+  events are rendered as the canonical `pod_status:` / `k8s_event:` lines the rules match;
+* the hang detector sees every log batch (step progress, checkpoint and evaluation markers), the
+  job's running state and the accelerator utilisation; it is checked on a timer;
+* metric batches go through the metric rules (Xid / ECC counters rising, health 0, link down).
+
+Findings are grouped per key (job, or node for node-only signals) in a window. A diagnosis is
+published on `trainmedic.diagnoses` as soon as the window has its first finding (revision 1: the
+fault-to-diagnosis latency is one hop), re-published when the root cause changes as more evidence
+arrives (revision 2, 3, ...; a peer's NCCL timeout seen first is superseded by the Xid 79 that
+caused it), and published a last time with `final: true` when the window closes. The diagnosis id
+is derived from the key and the first evidence event, so a replay after a crash yields the same id
+and downstream steps de-duplicate on it.
+
+Nothing lost: an input record is committed once the work it caused is durable. A record that
+produced no finding is done at once; one that produced findings is held by its window until the
+final diagnosis is published, so a brain that dies mid-window leaves those offsets uncommitted and
+the next owner replays them. Malformed, oversized or unknown-schema messages go to the DLQ. Events
+seen twice (a replay, or a kernel line fanned out to one job twice) are skipped by (id, key).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from agent.bus.base import Bus, OffsetTracker, Record, TopicPartition
+from agent.bus.dlq import decode_record, set_aside
+from agent.telemetry import Telemetry
+from agent.watchers.k8s import k8s_event_line, pod_status_lines
+from detectors.correlator import correlate
+from detectors.engine import Engine
+from detectors.hang import HangDetector
+from detectors.loader import load_rules
+from detectors.metric_rules import MetricRules
+from trainmedic.events import (
+    INPUT_TOPICS,
+    DiagnosisEvent,
+    Event,
+    FindingEvent,
+    JobRef,
+    K8sEvent,
+    KernelBatch,
+    LogBatch,
+    MetricBatch,
+    NodeStatus,
+    PodStatus,
+    Topic,
+    WorkloadStatus,
+    make_event,
+    node_key,
+)
+from trainmedic.models import Finding, Source
+
+log = logging.getLogger("trainmedic.brain")
+
+# A job's running state for the hang detector, from its pods' phases.
+_RUNNING_PHASES = frozenset({"Running"})
+_TERMINAL_WORKLOAD = frozenset({"Succeeded", "Failed", "Completed", "Complete", "Aborted", "Terminated"})
+
+
+@dataclass
+class BrainSettings:
+    """What the detector service does with what it consumes."""
+
+    # Consumer group of the brains: brains with the same group split the jobs between them.
+    group: str = "trainmedic-brain"
+    # Seconds a job's diagnosis window stays open after its first finding, gathering evidence
+    # (peers' timeouts, the Xid that explains them) before the final diagnosis.
+    window_s: float = 30.0
+    # How often the hang detector and the window timers are checked.
+    tick_s: float = 1.0
+    # Records per poll; a poll waits at most `poll_ms` for data.
+    max_records: int = 500
+    poll_ms: int = 100
+    # Event ids remembered to skip replays and duplicates.
+    dedup_size: int = 100_000
+    # Distinct findings kept per window (identical ones are folded into a count).
+    max_findings_per_window: int = 1_000
+    # Publish every new distinct finding on trainmedic.findings as well.
+    publish_findings: bool = True
+
+
+@dataclass
+class _Window:
+    key: str
+    job: JobRef | None
+    node: str | None
+    opened: float
+    first_event_time: float
+    diagnosis_id: str
+    findings: dict[tuple[object, ...], Finding] = field(default_factory=dict)
+    evidence: list[str] = field(default_factory=list)
+    held: dict[TopicPartition, list[int]] = field(default_factory=dict)
+    revision: int = 0
+    signature: tuple[object, ...] | None = None
+    latency_recorded: bool = False
+
+
+def _fold_key(f: Finding) -> tuple[object, ...]:
+    return (f.rule_id, f.code, f.node, f.pod, f.device, f.rank, f.file)
+
+
+def _diagnosis_id(key: str, event_id: str) -> str:
+    return hashlib.sha256(f"{key}\x00{event_id}".encode()).hexdigest()[:20]
+
+
+class Brain:
+    """Consumes the input topics, detects, correlates per job window, publishes diagnoses."""
+
+    def __init__(
+        self,
+        bus: Bus,
+        *,
+        settings: BrainSettings | None = None,
+        rule_dirs: Sequence[str] = (),
+        fast: bool | None = None,
+        hang: HangDetector | None = None,
+        metric_rules: MetricRules | None = None,
+        telemetry: Telemetry | None = None,
+        producer: str = "brain",
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.bus = bus
+        self.settings = settings or BrainSettings()
+        self.telemetry = telemetry or Telemetry()
+        self.producer = producer
+        self.clock = clock
+        rules = load_rules([Path(d) for d in rule_dirs]).rules
+        self.engines = {
+            Source.CONTAINER_LOG: Engine(rules, fast=fast, sources=[Source.CONTAINER_LOG], unwrap=False),
+            Source.KERNEL: Engine(rules, fast=fast, sources=[Source.KERNEL], unwrap=False),
+            Source.POD_STATUS: Engine(rules, fast=fast, sources=[Source.POD_STATUS, Source.K8S_EVENT], unwrap=False),
+        }
+        self.hang = hang if hang is not None else HangDetector()
+        self.metric_rules = metric_rules if metric_rules is not None else MetricRules()
+        self.windows: dict[str, _Window] = {}
+        self.tracker = OffsetTracker()
+        self._seen: OrderedDict[tuple[str, str], None] = OrderedDict()
+        self._job_pods_running: dict[str, dict[str, bool]] = {}
+        self._assignment: set[TopicPartition] = set()
+        self.ready = asyncio.Event()
+        self.processed = 0
+        self.diagnoses_published = 0
+
+    # -- the consume loop -----------------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event | None = None) -> None:
+        """Consume until cancelled or `stop` is set. On a graceful stop, open windows are published
+        as final and their offsets committed; on cancellation they are left uncommitted (replayed)."""
+        stop = stop or asyncio.Event()
+        consumer = self.bus.consumer([t.value for t in INPUT_TOPICS], self.settings.group)
+        await consumer.start()
+        self.ready.set()
+        last_tick = self.clock()
+        try:
+            while not stop.is_set():
+                records = await consumer.getmany(
+                    timeout_ms=self.settings.poll_ms, max_records=self.settings.max_records
+                )
+                self._check_assignment(consumer.assignment())
+                for record in records:
+                    await self._handle(record)
+                now = self.clock()
+                if now - last_tick >= self.settings.tick_s:
+                    last_tick = now
+                    await self.tick(now)
+                offsets = self.tracker.committable()
+                if offsets:
+                    await consumer.commit(offsets)
+                    self.tracker.committed(offsets)
+                self.telemetry.consumer_lag.set(await consumer.lag())
+            await self.close_all()
+            offsets = self.tracker.committable()
+            if offsets:
+                await consumer.commit(offsets)
+                self.tracker.committed(offsets)
+        finally:
+            await consumer.stop()
+
+    def _check_assignment(self, now: set[TopicPartition]) -> None:
+        lost = self._assignment - now
+        self._assignment = now
+        if not lost:
+            return
+        # The new owner replays these partitions from their last commit; drop what we held.
+        self.tracker.forget(lost)
+        for key in [k for k, w in self.windows.items() if lost & set(w.held)]:
+            log.info("partition moved to another brain; dropping the open window of %s", key)
+            del self.windows[key]
+
+    async def _handle(self, record: Record) -> None:
+        self.tracker.track(record)
+        event = await decode_record(self.bus, record, self.telemetry)
+        if event is None:
+            self.tracker.done(record)
+            return
+        self.telemetry.events_in.labels(record.topic).inc()
+        seen_key = (event.id, event.key)
+        if seen_key in self._seen:
+            self.tracker.done(record)
+            return
+        self._seen[seen_key] = None
+        if len(self._seen) > self.settings.dedup_size:
+            self._seen.popitem(last=False)
+        try:
+            findings = self.detect(event)
+        except Exception:  # a bug in one detector must not stop the pipeline; the event is set aside
+            log.exception("detector failed on event %s (%s)", event.id, event.payload.kind)
+            await set_aside(self.bus, record, "detector error", self.telemetry)
+            self.tracker.done(record)
+            return
+        self.processed += 1
+        if not findings:
+            self.tracker.done(record)
+            return
+        await self._add(event, findings, record)
+
+    # -- detection ------------------------------------------------------------------------------------
+
+    def detect(self, event: Event) -> list[Finding]:
+        """Findings for one input event (and state updates of the stateful detectors)."""
+        p = event.payload
+        if isinstance(p, LogBatch):
+            self.telemetry.lines_in.labels("container_log").inc(len(p.lines))
+            job_key = p.job.key if p.job else event.key
+            self.hang.observe_lines(
+                job_key, p.rank, p.pod, p.node, p.times[-1] if p.times else event.time, p.lines, times=p.times or None
+            )
+            return self._scan(Source.CONTAINER_LOG, p.lines, p.times, event, p.first_line, p.file)
+        if isinstance(p, KernelBatch):
+            self.telemetry.lines_in.labels("kernel").inc(len(p.lines))
+            return self._scan(Source.KERNEL, p.lines, p.times, event, p.first_line, f"kernel:{p.node}:{p.source}")
+        if isinstance(p, PodStatus):
+            self._pod_running(p, event.time)
+            lines = pod_status_lines(p)
+            return self._scan(Source.POD_STATUS, lines, [], event, 1, f"pod/{p.namespace}/{p.pod}") if lines else []
+        if isinstance(p, K8sEvent):
+            return self._scan(Source.K8S_EVENT, [k8s_event_line(p)], [], event, 1, "events")
+        if isinstance(p, WorkloadStatus):
+            if p.deleted or (p.phase in _TERMINAL_WORKLOAD):
+                self.hang.observe_job(p.job.key, False, event.time)
+                self._job_pods_running.pop(p.job.key, None)
+            return []
+        if isinstance(p, MetricBatch):
+            mjob = p.job.key if p.job else None
+            for s in p.samples:
+                if s.name == "accelerator_utilization" and mjob:
+                    self.hang.observe_utilization(mjob, p.node, s.device, event.time, s.value, chip=p.chip)
+            found = self.metric_rules.observe(node=p.node, chip=p.chip, job_key=mjob, samples=p.samples, t=event.time)
+            return [f.model_copy(update={"job": p.job.name if p.job else None}) for f in found]
+        if isinstance(p, NodeStatus):
+            return []
+        return []
+
+    def _pod_running(self, p: PodStatus, t: float) -> None:
+        if p.job is None:
+            return
+        pods = self._job_pods_running.setdefault(p.job.key, {})
+        if p.deleted:
+            pods.pop(p.pod, None)
+        else:
+            pods[p.pod] = p.phase in _RUNNING_PHASES
+        self.hang.observe_job(p.job.key, any(pods.values()), t)
+
+    def _scan(
+        self,
+        source: Source,
+        lines: Sequence[str],
+        times: Sequence[float],
+        event: Event,
+        first_line: int,
+        file: str | None,
+    ) -> list[Finding]:
+        engine = self.engines[Source.POD_STATUS if source is Source.K8S_EVENT else source]
+        found = engine.scan_text("\n".join(lines), file=file)
+        if not found:
+            return []
+        p = event.payload
+        node = getattr(p, "node", None)
+        pod = getattr(p, "pod", None)
+        namespace = getattr(p, "namespace", None)
+        job = getattr(p, "job", None)
+        prank = getattr(p, "rank", None)
+        out = []
+        for f in found:
+            idx = (f.line_no or 1) - 1
+            update: dict[str, object] = {
+                "source": source,
+                "line_no": (f.line_no or 1) + first_line - 1,
+                "last_line_no": (f.last_line_no or f.line_no or 1) + first_line - 1,
+                "timestamp": times[idx] if idx < len(times) else event.time,
+                # Where the line came from is known for certain; a node named inside the text
+                # (a pasted syslog line) only fills a gap.
+                "node": node or f.node,
+                "pod": pod or f.pod,
+                "namespace": namespace or f.namespace,
+                "job": job.name if isinstance(job, JobRef) else f.job,
+                # A rank printed on the line (torchrun's [rank3]:) is more precise than the pod's.
+                "rank": f.rank if f.rank is not None else prank,
+            }
+            out.append(f.model_copy(update=update))
+        return out
+
+    # -- windows and diagnoses ------------------------------------------------------------------------
+
+    async def _add(self, event: Event, findings: list[Finding], record: Record | None) -> None:
+        key = event.key
+        w = self.windows.get(key)
+        now = self.clock()
+        if w is None:
+            p = event.payload
+            job = getattr(p, "job", None)
+            node = getattr(p, "node", None)
+            w = self.windows[key] = _Window(
+                key=key,
+                job=job if isinstance(job, JobRef) else None,
+                node=node if isinstance(node, str) else None,
+                opened=now,
+                first_event_time=event.time,
+                diagnosis_id=_diagnosis_id(key, event.id),
+            )
+        if record is not None:
+            w.held.setdefault(record.tp, []).append(record.offset)
+        if event.id not in w.evidence:
+            w.evidence.append(event.id)
+        for f in findings:
+            self.telemetry.findings.labels(f.fault_class.value).inc()
+            fk = _fold_key(f)
+            old = w.findings.get(fk)
+            if old is not None:
+                old.count += f.count
+                old.last_line_no = f.last_line_no
+                continue
+            if len(w.findings) >= self.settings.max_findings_per_window:
+                continue
+            w.findings[fk] = f
+            if self.settings.publish_findings:
+                fe = make_event(FindingEvent(job=w.job, finding=f), producer=self.producer, key=key)
+                await self.bus.publish(Topic.FINDINGS, fe)
+        await self._publish(w, final=False)
+
+    async def _publish(self, w: _Window, *, final: bool) -> None:
+        findings = sorted(w.findings.values(), key=lambda f: (f.timestamp or 0.0, f.line_no or 0))
+        diagnosis = correlate(findings)
+        rc = diagnosis.root_cause
+        signature = (rc.fault_class, rc.code, rc.node, rc.device, rc.rank) if rc else None
+        if not final and signature == w.signature:
+            return
+        w.signature = signature
+        w.revision += 1
+        payload = DiagnosisEvent(
+            diagnosis_id=w.diagnosis_id,
+            revision=w.revision,
+            final=final,
+            job=w.job,
+            node=w.node,
+            window_start=w.opened,
+            window_end=self.clock(),
+            evidence=list(w.evidence[:200]),
+            diagnosis=diagnosis,
+        )
+        await self.bus.publish(Topic.DIAGNOSES, make_event(payload, producer=self.producer, key=w.key))
+        self.diagnoses_published += 1
+        if rc is not None:
+            self.telemetry.diagnoses.labels(rc.fault_class.value).inc()
+        if not w.latency_recorded:
+            w.latency_recorded = True
+            self.telemetry.fault_to_diagnosis.observe(max(0.0, time.time() - w.first_event_time))
+
+    async def tick(self, now: float) -> None:
+        """Close windows that are due and run the hang detector."""
+        for f in self.hang.check(now):
+            job_key = f.groups.get("job_key") or (f"job:{f.namespace}/{f.job}" if f.job else None)
+            key = job_key or (node_key(f.node) if f.node else "cluster")
+            hang_event = make_event(
+                FindingEvent(job=_job_from_key(key), finding=f), producer=self.producer, key=key, at=now
+            )
+            await self._add(hang_event, [f], None)
+        for key in [k for k, w in self.windows.items() if now - w.opened >= self.settings.window_s]:
+            w = self.windows.pop(key)
+            await self._publish(w, final=True)
+            await self.bus.flush()
+            for tp, offsets in w.held.items():
+                self.tracker.done_offsets(tp, offsets)
+
+    async def close_all(self) -> None:
+        """Publish every open window as final (graceful shutdown)."""
+        for key in list(self.windows):
+            w = self.windows.pop(key)
+            await self._publish(w, final=True)
+            for tp, offsets in w.held.items():
+                self.tracker.done_offsets(tp, offsets)
+        await self.bus.flush()
+
+
+def _job_from_key(key: str) -> JobRef | None:
+    if not key.startswith("job:") or "/" not in key:
+        return None
+    ns, _, name = key[4:].partition("/")
+    return JobRef(namespace=ns, name=name)

@@ -1,0 +1,359 @@
+"""`trainmedic run`: the daemon, one role or all of them in one process.
+
+    node     (DaemonSet)  container logs, kernel messages, NVML device metrics -> bus
+    cluster  (Deployment) pods, events, nodes, workloads; Prometheus device metrics -> bus
+    brain    (Deployment, scaled out as a consumer group) bus -> detectors -> findings, diagnoses
+    all      everything above in one process; the memory bus is the embedded default
+
+Every component runs under a supervisor: a failure is logged with its traceback and the component
+is restarted with exponential backoff (a watcher that loses the API server comes back; the rest of
+the agent keeps going). A source that cannot work here (no /var/log/pods, no /dev/kmsg, no NVML
+driver, no Prometheus configured) logs one line saying why and stays off.
+
+SIGTERM / SIGINT stop gracefully: sources stop, the brain publishes its open windows as final and
+commits, and the producer flushes what it buffered (bounded).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import random
+import shutil
+import signal
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agent.brain import Brain, BrainSettings
+from agent.bus.base import Bus
+from agent.bus.memory import MemoryBus
+from agent.config import Role, Settings
+from agent.jobindex import JobIndex
+from agent.telemetry import Telemetry
+
+log = logging.getLogger("trainmedic.run")
+
+
+class SourceUnavailableError(Exception):
+    """A source cannot run on this host (its reason is logged once; the agent goes on without it)."""
+
+
+@dataclass
+class Agent:
+    """The components of one process, built from settings for a role."""
+
+    settings: Settings
+    role: Role
+    bus: Bus
+    telemetry: Telemetry
+    job_index: JobIndex = field(default_factory=JobIndex)
+    components: dict[str, Callable[[], Awaitable[None]]] = field(default_factory=dict)
+    disabled: dict[str, str] = field(default_factory=dict)
+    brain: Brain | None = None
+    stop: asyncio.Event = field(default_factory=asyncio.Event)
+    started: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+def make_bus(settings: Settings, telemetry: Telemetry) -> Bus:
+    if settings.bus.kind == "memory":
+        return MemoryBus(partitions=settings.bus.partitions)
+    from agent.bus.kafka import KafkaBus
+
+    b = settings.bus
+    return KafkaBus(
+        b.bootstrap,
+        client_id=f"{b.client_id}-{settings.node_name}",
+        partitions=b.partitions,
+        compression=None if b.compression == "none" else b.compression,
+        linger_ms=b.linger_ms,
+        buffer_max=b.buffer_max,
+        telemetry=telemetry,
+    )
+
+
+def _kube_api_client(settings: Settings) -> Any:
+    """A kubernetes ApiClient from the kubeconfig setting, in-cluster config, or ~/.kube/config."""
+    from kubernetes import client
+    from kubernetes import config as kube_config
+
+    config: Any = kube_config  # the client's loaders are untyped
+    cfg = client.Configuration()
+    if settings.kubernetes.kubeconfig:
+        config.load_kube_config(config_file=settings.kubernetes.kubeconfig, client_configuration=cfg)
+    else:
+        try:
+            config.load_incluster_config(client_configuration=cfg)
+        except config.ConfigException:
+            try:
+                config.load_kube_config(client_configuration=cfg)
+            except (config.ConfigException, OSError) as e:
+                raise SourceUnavailableError(f"no Kubernetes configuration: {e}") from e
+    return client.ApiClient(cfg)
+
+
+def build_agent(
+    settings: Settings,
+    role: Role,
+    *,
+    bus: Bus | None = None,
+    telemetry: Telemetry | None = None,
+    api_client: Any = None,
+    clock: Callable[[], float] = time.time,
+) -> Agent:
+    """Assemble the components of a role. `bus` and `api_client` may be given (tests, the demo)."""
+    telemetry = telemetry or Telemetry()
+    agent = Agent(settings=settings, role=role, bus=bus or make_bus(settings, telemetry), telemetry=telemetry)
+    producer = f"{role.value}/{settings.node_name}"
+    node_sources = role in (Role.NODE, Role.ALL)
+    cluster_sources = role in (Role.CLUSTER, Role.ALL)
+
+    if settings.kubernetes.enabled and (node_sources or cluster_sources):
+        try:
+            api = api_client if api_client is not None else _kube_api_client(settings)
+        except SourceUnavailableError as e:
+            agent.disabled["kubernetes"] = str(e)
+        else:
+            _add_kube(agent, api, producer, node_only=not cluster_sources)
+
+    if node_sources:
+        _add_node_sources(agent, producer)
+    if cluster_sources and settings.metrics.prometheus_url:
+        from agent.watchers.metrics import PrometheusSource
+
+        prom = PrometheusSource(
+            settings.metrics.prometheus_url,
+            bus=agent.bus,
+            job_index=agent.job_index,
+            telemetry=telemetry,
+            producer=producer,
+            interval_s=settings.metrics.interval_s,
+        )
+        agent.components["prometheus"] = prom.run
+    elif cluster_sources:
+        agent.disabled["prometheus"] = "metrics.prometheus_url is not set"
+
+    if role in (Role.BRAIN, Role.ALL):
+        from detectors.hang import HangDetector
+
+        d = settings.detect
+        agent.brain = Brain(
+            agent.bus,
+            settings=BrainSettings(group=settings.bus.group, window_s=d.window_s),
+            rule_dirs=d.rule_dirs,
+            fast={"auto": None, "fast": True, "re": False}[d.engine],
+            hang=HangDetector(floor_s=d.hang_floor_s, factor=d.hang_factor),
+            telemetry=telemetry,
+            producer=producer,
+            clock=clock,
+        )
+        brain = agent.brain
+        agent.components["brain"] = lambda: brain.run(agent.stop)
+    return agent
+
+
+def _add_kube(agent: Agent, api: Any, producer: str, *, node_only: bool) -> None:
+    from agent.watchers.k8s import KubeWatchers
+
+    k = agent.settings.kubernetes
+    watchers = KubeWatchers(
+        api,
+        bus=agent.bus,
+        job_index=agent.job_index,
+        telemetry=agent.telemetry,
+        producer=producer,
+        namespaces=k.namespaces,
+        label_selector=k.label_selector,
+        node_name=agent.settings.node_name if node_only else None,
+        resources=("pods",) if node_only else None,
+        workloads=k.workloads,
+    )
+    agent.components["kubernetes"] = watchers.run
+    if k.follow_pod_logs and not node_only:
+        from agent.watchers.podlogs import PodLogFollower
+
+        follower = PodLogFollower(
+            api, bus=agent.bus, job_index=agent.job_index, telemetry=agent.telemetry, producer=producer
+        )
+        agent.components["pod-logs"] = follower.run
+
+
+def _add_node_sources(agent: Agent, producer: str) -> None:
+    s = agent.settings
+    if s.logs.enabled:
+        root = Path(s.logs.root)
+        if root.is_dir():
+            from agent.watchers.crilog import CriLogTailer
+
+            tailer = CriLogTailer(
+                root,
+                bus=agent.bus,
+                node=s.node_name,
+                job_index=agent.job_index,
+                telemetry=agent.telemetry,
+                producer=producer,
+                poll_interval=s.logs.poll_interval_s,
+                read_interval=s.logs.read_interval_s,
+                start_at=s.logs.start_at,
+                position_store=Path(s.logs.position_store) if s.logs.position_store else None,
+            )
+            agent.components["container-logs"] = tailer.run
+        else:
+            agent.disabled["container-logs"] = f"{root} is not a directory on this host"
+    if s.kernel.source != "off":
+        from agent.watchers import kernel
+
+        common: dict[str, Any] = {
+            "bus": agent.bus,
+            "node": s.node_name,
+            "job_index": agent.job_index,
+            "telemetry": agent.telemetry,
+            "producer": producer,
+            "position_store": s.kernel.position_store,
+        }
+        if s.kernel.source == "kmsg":
+            if os.access(s.kernel.path, os.R_OK):
+                agent.components["kernel"] = kernel.KmsgSource(path=s.kernel.path, **common).run
+            else:
+                agent.disabled["kernel"] = f"{s.kernel.path} is not readable (needs the host's /dev/kmsg and root)"
+        elif s.kernel.source == "file":
+            agent.components["kernel"] = kernel.KernelFileSource(Path(s.kernel.path), **common).run
+        elif shutil.which("journalctl"):
+            agent.components["kernel"] = kernel.JournaldSource(**common).run
+        else:
+            agent.disabled["kernel"] = "kernel.source is journald but journalctl is not installed"
+    if s.metrics.nvml:
+        from agent.watchers.nvml import NvmlSource, SourceUnavailable
+
+        try:
+            nvml = NvmlSource(
+                bus=agent.bus, node=s.node_name, job_index=agent.job_index, telemetry=agent.telemetry, producer=producer
+            )
+            nvml.check()
+        except SourceUnavailable as e:
+            agent.disabled["nvml"] = str(e)
+        else:
+            agent.components["nvml"] = nvml.run
+
+
+def _unavailable_errors() -> tuple[type[Exception], ...]:
+    from agent.watchers.kernel import KernelSourceUnavailable
+    from agent.watchers.nvml import SourceUnavailable
+
+    return (SourceUnavailableError, KernelSourceUnavailable, SourceUnavailable)
+
+
+UNAVAILABLE = _unavailable_errors()
+
+
+async def supervise(name: str, factory: Callable[[], Awaitable[None]], stop: asyncio.Event) -> None:
+    """Run a component until `stop`; restart it with backoff when it fails."""
+    delay = 1.0
+    while not stop.is_set():
+        started = time.monotonic()
+        try:
+            await factory()
+            if stop.is_set():
+                return
+            log.warning("component %s returned; restarting", name)
+        except asyncio.CancelledError:
+            raise
+        except UNAVAILABLE as e:
+            log.warning("%s is off: %s", name, e)
+            return
+        except Exception:
+            log.exception("component %s failed; restarting in %.0f s", name, delay)
+        if time.monotonic() - started > 60:
+            delay = 1.0
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), delay * random.uniform(0.8, 1.2))  # noqa: S311 (jitter)
+        delay = min(delay * 2, 60.0)
+
+
+async def run_agent(agent: Agent, *, drain_timeout_s: float = 20.0) -> None:
+    """Run every component until `agent.stop` is set, then shut down gracefully."""
+    await agent.bus.start()
+    for name, why in agent.disabled.items():
+        log.warning("%s is off: %s", name, why)
+    tasks = {
+        name: asyncio.create_task(supervise(name, factory, agent.stop), name=f"trainmedic:{name}")
+        for name, factory in agent.components.items()
+        if name != "brain"
+    }
+    brain_task = (
+        asyncio.create_task(supervise("brain", agent.components["brain"], agent.stop), name="trainmedic:brain")
+        if "brain" in agent.components
+        else None
+    )
+    log.info(
+        "trainmedic %s running: %s (bus: %s)",
+        agent.role.value,
+        ", ".join(agent.components) or "nothing",
+        agent.bus.name,
+    )
+    agent.started.set()
+    try:
+        await agent.stop.wait()
+    finally:
+        # Sources first (nothing new comes in), then the brain drains and commits, then the bus flushes.
+        for t in tasks.values():
+            t.cancel()
+        await asyncio.gather(*tasks.values(), return_exceptions=True)
+        if brain_task is not None:
+            try:
+                await asyncio.wait_for(brain_task, drain_timeout_s)
+            except (TimeoutError, asyncio.CancelledError):
+                brain_task.cancel()
+                await asyncio.gather(brain_task, return_exceptions=True)
+        await agent.bus.stop()
+        log.info("trainmedic %s stopped", agent.role.value)
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per log line: time, level, logger, message (+ exception)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, Any] = {
+            "time": round(record.created, 3),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        if record.exc_info:
+            out["exception"] = self.formatException(record.exc_info)
+        return json.dumps(out, ensure_ascii=False)
+
+
+def setup_logging(settings: Settings) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    if settings.log_format == "json":
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(settings.log_level)
+    # The clients' own chatter stays at WARNING.
+    for noisy in ("aiokafka", "kafka", "kubernetes", "urllib3"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def main(settings: Settings, role: Role) -> int:
+    """Blocking entry point of `trainmedic run`."""
+    setup_logging(settings)
+
+    async def _main() -> None:
+        agent = build_agent(settings, role)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, agent.stop.set)
+        await run_agent(agent)
+
+    asyncio.run(_main())
+    return 0

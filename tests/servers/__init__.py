@@ -1,0 +1,1 @@
+"""Launchers for the real servers the tests and benchmarks start on loopback (DESIGN.md "Real components")."""
