@@ -376,6 +376,14 @@ class Brain:
         )
         await self.bus.publish(Topic.DIAGNOSES, make_event(payload, producer=self.producer, key=w.key))
         self.diagnoses_published += 1
+        log.info(
+            "diagnosis %s rev %d%s for %s: %s",
+            w.diagnosis_id,
+            w.revision,
+            " (final)" if final else "",
+            w.key,
+            f"{rc.fault_class.value} {rc.code} on {rc.node or '?'}: {rc.summary.en}" if rc else "no root cause",
+        )
         if rc is not None:
             self.telemetry.diagnoses.labels(rc.fault_class.value).inc()
         if not w.latency_recorded:

@@ -52,6 +52,9 @@ class BusSettings(_Group):
     )
     linger_ms: int = Field(5, ge=0, le=1000, description="How long the producer waits to fill a batch.")
     buffer_max: int = Field(100_000, ge=100, description="Events buffered while the broker is unreachable.")
+    fetch_max_wait_ms: int = Field(
+        20, ge=1, le=5000, description="Longest a consumer fetch waits at the broker (bounds detection latency)."
+    )
     group: str = Field("trainmedic-brain", description="Consumer group of the brains (they split jobs by partition).")
     client_id: str = Field("trainmedic", description="Kafka client id prefix.")
 

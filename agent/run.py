@@ -74,6 +74,7 @@ def make_bus(settings: Settings, telemetry: Telemetry) -> Bus:
         compression=None if b.compression == "none" else b.compression,
         linger_ms=b.linger_ms,
         buffer_max=b.buffer_max,
+        fetch_max_wait_ms=b.fetch_max_wait_ms,
         telemetry=telemetry,
     )
 
@@ -173,6 +174,7 @@ def _add_kube(agent: Agent, api: Any, producer: str, *, node_only: bool) -> None
         node_name=agent.settings.node_name if node_only else None,
         resources=("pods",) if node_only else None,
         workloads=k.workloads,
+        publish_pods=not node_only,
     )
     agent.components["kubernetes"] = watchers.run
     if k.follow_pod_logs and not node_only:

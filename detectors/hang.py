@@ -75,9 +75,12 @@ from enum import Enum, StrEnum
 from pathlib import Path
 from re._constants import (  # type: ignore[import-not-found]
     AT,
+    AT_BEGINNING,
+    AT_BEGINNING_STRING,
     AT_BOUNDARY,
     AT_NON_BOUNDARY,
     BRANCH,
+    IN,
     LITERAL,
     MAX_REPEAT,
     MIN_REPEAT,
@@ -107,9 +110,11 @@ MAX_MARKER_FILE_BYTES = 1024 * 1024
 # Only the tail of a longer line is matched (a tqdm stream without newlines grows to 16 KiB chunks
 # in CRI logs; its newest update is at the end).
 MAX_LINE_CHARS = 65536
-# Keyword hits per batch beyond which the fast scan hands over to the re path (a pathological line
-# repeating a keyword would otherwise cost one Python callback per repetition).
+# Keyword hits beyond which the fast scan hands over to the re path, per batch plus per line (a
+# pathological line repeating a keyword would otherwise cost one Python callback per repetition;
+# a tqdm line holds a bar's keyword once per update).
 MAX_FAST_MATCHES = 4096
+MAX_FAST_MATCHES_PER_LINE = 128
 # A step that counts within an epoch is ordered as epoch * EPOCH_SCALE + step.
 EPOCH_SCALE = 1_000_000_000
 MAX_EVIDENCE_CHARS = 400
@@ -239,11 +244,14 @@ def _step_text(step: int | None, epoch: int | None, total: int | None) -> str:
 
 # -- making the marker regexes cheap to run, without changing what they match --------------------
 #
-# `re` finds a literal prefix fast, but most marker patterns start with `\b` and some are
-# case-insensitive, so a search tries the pattern at every offset; for a progress line, whose last
-# match counts, that is the whole line twice. Two rewrites help, both exact:
+# `re` skips ahead to a literal prefix (or a set of first characters) fast, but most marker patterns
+# start with `\b` or `(?:^|...)`, or are case-insensitive, so a search tries the pattern at every
+# offset; for a progress line, whose last match counts, that is the whole line twice. Three
+# rewrites help, all exact:
 #
-# * `\bL...` (L a literal) becomes `L(?<=\bL)...`: the same matches, and `re` now skips ahead to L.
+# * `\bL...` (L a literal) becomes `L(?<=\bL)...`: the same matches, and `re` skips ahead to L.
+# * `(?:^|[\r\]]|#015)...` becomes `^...`, tried at offset 0 only, and `(?:\r|\]|#015)...`, which
+#   `re` skips ahead through by its first characters.
 # * Otherwise, when every match holds one of a few literals within a few characters of its start
 #   (`(?i)\b(?:global_)?(?:step|iter)...`: "global", "step", "iter"), the search starts just before
 #   the first one, and a line without any has no match. Case-insensitive literals are compared on
@@ -251,10 +259,11 @@ def _step_text(step: int | None, epoch: int | None, total: int | None) -> str:
 #
 # `Pattern.search(line, pos)` and `Pattern.match(line, pos)` see the whole line (assertions and
 # look-behinds look before `pos`), so starting later only skips offsets where no match can start.
+# Rewritten regexes are compiled from edited parse trees (re._parser and re._compiler, which
+# detectors/anchors.py reads too) and checked against the pattern on the marker's own examples.
 
 _MAX_REACH = 64
-# Keyword occurrences in one line found one by one before plain `in` checks take over.
-_MAX_KEYWORD_STEPS = 16
+_AT_START = (AT_BEGINNING, AT_BEGINNING_STRING)
 
 
 def _min_width(sub: Any) -> int:
@@ -342,13 +351,64 @@ def _agree(a: re.Pattern[str], b: re.Pattern[str], samples: Iterable[str]) -> bo
     return True
 
 
+def _split_start(parsed: Any) -> tuple[Any, Any] | None:
+    """`(?:^|[\\r\\]]|#015)rest` as `^rest`, tried at offset 0 only, and `(?:\\r|\\]|#015)rest`,
+    which `re` searches by its first characters (parse trees), or None."""
+    if parsed.state.flags & re.MULTILINE or parsed.getwidth()[0] == 0:
+        return None
+    items = list(parsed)
+    if not items or items[0][0] is not BRANCH:
+        return None
+    alts = [list(alt) for alt in items[0][1][1]]
+    k = 0
+    while k < len(alts) and alts[k][:1] and alts[k][0][0] is AT and alts[k][0][1] in _AT_START:
+        k += 1
+    if k == 0 or k == len(alts):
+        return None  # the start-only alternatives must come first: they are tried first at offset 0
+    rest = items[1:]
+    main: list[list[Any]] = []
+    if len(alts) == k + 1 and alts[k][:1] and alts[k][0][0] in (LITERAL, IN):
+        main.append(alts[k])  # one other alternative: `re` skips to its first character set
+    else:
+        for alt in alts[k:]:
+            if alt[:1] and alt[0][0] is LITERAL:
+                main.append(alt)
+            elif alt[:1] and alt[0][0] is IN and all(op is LITERAL for op, _ in alt[0][1]):
+                main.extend([(LITERAL, ch), *alt[1:]] for _, ch in alt[0][1])
+            else:
+                return None
+    state = parsed.state
+
+    def tree(branches: list[list[Any]]) -> Any:
+        if len(branches) == 1:
+            return sre_parse.SubPattern(state, [*branches[0], *rest])
+        return sre_parse.SubPattern(
+            state, [(BRANCH, (None, [sre_parse.SubPattern(state, b) for b in branches])), *rest]
+        )
+
+    return tree(alts[:k]), tree(main)
+
+
+def _split_finditer(head: re.Pattern[str], main: re.Pattern[str], text: str) -> list[re.Match[str]] | None:
+    found: list[re.Match[str]] = []
+    m = head.match(text) or main.search(text)
+    while m is not None:
+        found.append(m)
+        if m.end() == m.start():
+            return None
+        m = main.search(text, m.end())
+    return found
+
+
 @dataclass(frozen=True, slots=True)
 class _Fast:
     """How a marker regex is run: see the comment above."""
 
     rx: re.Pattern[str]
-    # The regex starts with a literal: `re` skips ahead to it by itself.
+    # The regex starts with a literal or a few characters: `re` skips ahead to them by itself.
     prefixed: bool = False
+    # Tried at offset 0 before `rx` is searched (the start-only alternatives `rx` was split from).
+    head: re.Pattern[str] | None = None
     starts: tuple[str, ...] = ()
     folded: bool = False
     reach: int = 0
@@ -375,6 +435,19 @@ def _accelerate(marker: Marker, rx: re.Pattern[str]) -> _Fast:
             samples = [ex.line for ex in marker.examples] + marker.no_match
             if fast_rx is not rx and fast_rx.groupindex == rx.groupindex and _agree(rx, fast_rx, samples):
                 return _Fast(fast_rx, prefixed=True)
+        split = _split_start(parsed)
+        if split is not None:
+            try:
+                head, main = (sre_compile.compile(t, 0) for t in split)
+            except (re.error, RecursionError, TypeError, ValueError):  # pragma: no cover
+                head = main = rx
+            samples = [ex.line for ex in marker.examples] + marker.no_match
+            if main is not rx and all(
+                [(m.span(), m.groups()) for m in rx.finditer(s)]
+                == [(m.span(), m.groups()) for m in _split_finditer(head, main, s) or ()]
+                for s in samples
+            ):
+                return _Fast(main, prefixed=True, head=head)
     starts = _start_literals(parsed)
     if starts is None or not starts[0]:
         return _Fast(rx)
@@ -413,6 +486,9 @@ _KIND_BIT = {kind: 1 << i for i, kind in enumerate(MarkerKind)}
 RawHit = tuple[MarkerKind, int, int | None, int | None, int | None, int]
 
 _CACHE_LIMIT = 4096
+_TRIE_LIMIT = 256
+# Keyword tries narrowed per line (see ProgressMatcher._mask_of) before `in` checks take over.
+_MAX_TRIE_SWITCHES = 3
 # Keyword masks are reduced with numpy int64 when every keyword has a bit there.
 _NUMPY_MASK_BITS = 62
 # Keyword occurrences in a batch from which numpy maps them to lines (below, a plain loop does).
@@ -428,10 +504,13 @@ class _Compiled:
     kind_bit: int
     progress: bool
     rx: re.Pattern[str]
+    # The pattern as written (for finditer's rules after an empty match).
+    orig: re.Pattern[str]
     requires: tuple[str, ...]
     # See _accelerate: the regex starts with a literal, or one of `starts` occurs at most `reach`
     # characters after a match's start (lower case and compared case-insensitively if `folded`).
     prefixed: bool
+    head: re.Pattern[str] | None
     starts: tuple[str, ...]
     folded: bool
     reach: int
@@ -474,7 +553,10 @@ class _Compiled:
         rx = self.rx
         prefixed = self.prefixed
         lowered = line.lower() if self.folded and line.isascii() else None
-        m = rx.search(line) if prefixed else self._search(line, lowered, 0)
+        if not prefixed:
+            m = self._search(line, lowered, 0)
+        elif self.head is None or (m := self.head.match(line)) is None:
+            m = rx.search(line)
         if m is None or not self.progress:
             return m
         # The rest of finditer's chain: each next match is searched for where the last one ended.
@@ -490,7 +572,7 @@ class _Compiled:
             m = after
         # An empty match: finditer's own rules decide what follows it.
         end = m.end() if m.end() > m.start() else 0
-        for m in rx.finditer(line, end) if end else rx.finditer(line):  # noqa: B007
+        for m in self.orig.finditer(line, end) if end else self.orig.finditer(line):  # noqa: B007
             pass
         return m
 
@@ -543,8 +625,9 @@ class ProgressMatcher:
         )
         self._bit_of: dict[str, int] = {words[i]: 1 << i for i in self._minimal}
         self._kw_shift = max(1, (len(words) - 1).bit_length())
-        # Memo: minimal keyword set (bit mask) -> the markers to try.
+        # Memos: minimal keyword set (bit mask) -> the markers to try / a trie of the other keywords.
         self._plans: dict[int, tuple[_Step, ...]] = {}
+        self._tries: dict[int, re.Pattern[str] | None] = {}
 
         if fast and _hs is None:
             raise RuntimeError("fast path requested but the hyperscan module is not installed")
@@ -635,21 +718,22 @@ class ProgressMatcher:
         text = lines[0] if len(lines) == 1 else "\n".join(lines)
         if self._hs_db is not None:
             data = text.encode("utf-8", "surrogatepass")
-            found = self._scan_fast(data)
+            found = self._scan_fast(data, len(lines))
             if found is not None:
                 return self._hits_fast(lines, data, found) if found else []
             # A keyword repeated thousands of times: the re path skips to the next line instead.
         return self._hits_re(lines, text, with_index)
 
-    def _scan_fast(self, data: bytes) -> list[int] | None:
+    def _scan_fast(self, data: bytes, lines: int = 1) -> list[int] | None:
         """Every keyword occurrence as `end << shift | keyword id`; None when the scan gave up."""
         found: list[int] = []
         add = found.append
         shift = self._kw_shift
+        limit = MAX_FAST_MATCHES + MAX_FAST_MATCHES_PER_LINE * lines
 
         def on_match(kid: int, _start: int, end: int, _flags: int, _ctx: object) -> bool:
             add(end << shift | kid)
-            return len(found) >= MAX_FAST_MATCHES
+            return len(found) >= limit
 
         try:
             self._hs_db.scan(data, match_event_handler=on_match)
@@ -745,7 +829,8 @@ class ProgressMatcher:
             if end < 0:
                 end = size
             line = text[start:end]
-            mask = self._mask_of(line, m.start() - start)
+            # (A longer line is matched by its tail, whose keywords _confirm looks up itself.)
+            mask = self._mask_of(line, m.start() - start) if end - start <= MAX_LINE_CHARS else 0
             line_hits = confirm(line, mask)
             if line_hits:
                 if with_index:
@@ -807,21 +892,43 @@ class ProgressMatcher:
     def _mask_of(self, line: str, pos: int) -> int:
         """The minimal keywords of a line whose first keyword starts at `pos` (or later)."""
         assert self._prefilter is not None
-        search = self._prefilter.search
+        rx = self._prefilter
         bit_of = self._bit_of
         mask = 0
-        # Every offset where a keyword starts: a minimal keyword is never a prefix of another, and
-        # occurrences may overlap. A line repeating keywords many times is checked word by word.
-        m = search(line, pos)
-        for _ in range(_MAX_KEYWORD_STEPS):
-            if m is None:
-                return mask
-            mask |= bit_of[m.group()]
-            m = search(line, m.start() + 1)
-        for word, bit in bit_of.items():
-            if word in line:
+        # Every offset where a keyword starts (a minimal keyword is never a prefix of another, and
+        # occurrences may overlap). Once a keyword repeats (a tqdm line repeats its bar's), only the
+        # keywords not found yet are looked for: at most one search per keyword of the line. A line
+        # that keeps repeating new ones (garbage) is checked keyword by keyword instead.
+        switches = 0
+        m = rx.search(line, pos)
+        while m is not None:
+            bit = bit_of[m.group()]
+            if not mask & bit:
                 mask |= bit
+            elif switches == _MAX_TRIE_SWITCHES:
+                for word, other in bit_of.items():
+                    if not mask & other and line.find(word, m.start()) >= 0:
+                        mask |= other
+                return mask
+            else:
+                switches += 1
+                others = self._others(mask)
+                if others is None:
+                    return mask
+                rx = others
+            m = rx.search(line, m.start() + 1)
         return mask
+
+    def _others(self, mask: int) -> re.Pattern[str] | None:
+        """The keyword trie without the keywords of `mask` (None: no keyword is left)."""
+        rx = self._tries.get(mask)
+        if rx is None and mask not in self._tries:
+            words = [w for w, bit in self._bit_of.items() if not mask & bit]
+            rx = re.compile(_trie_pattern(words)) if words else None
+            if len(self._tries) >= _TRIE_LIMIT:
+                self._tries.clear()
+            self._tries[mask] = rx
+        return rx
 
     def _plan(self, mask: int) -> tuple[_Step, ...]:
         """The markers gated by the keywords of a line whose minimal keywords are `mask`."""
@@ -847,16 +954,21 @@ class ProgressMatcher:
 
 
 def _compile_marker(index: int, marker: Marker, rx: re.Pattern[str], requires: tuple[str, ...]) -> _Compiled:
-    fast = _accelerate(marker, rx)
-    anchors = frozenset() if fast.prefixed or fast.starts else required_anchors(marker.pattern) or frozenset()
+    try:
+        fast = _accelerate(marker, rx)
+        anchors = frozenset() if fast.prefixed or fast.starts else required_anchors(marker.pattern) or frozenset()
+    except RecursionError:  # a deeply nested pattern: run it as written
+        fast, anchors = _Fast(rx), frozenset()
     return _Compiled(
         index=index,
         kind=marker.kind,
         kind_bit=_KIND_BIT[marker.kind],
         progress=marker.kind is MarkerKind.PROGRESS,
         rx=fast.rx,
+        orig=rx,
         requires=requires,
         prefixed=fast.prefixed,
+        head=fast.head,
         starts=fast.starts,
         folded=fast.folded,
         reach=fast.reach,

@@ -4,7 +4,9 @@ Each framework style generates a healthy 24 h run at test time (steps with jitte
 pauses up to 10 x the step time, evaluation phases, tqdm lines with carriage returns, several
 ranks, varying utilisation) that is replayed through the detector with a check every few seconds
 of fake time: it must stay silent. The same run with a real stall must give exactly one finding,
-inside the bound.
+inside the bound. The batch path is held to the line-by-line reference: the matcher on random,
+keyword-dense and large batches, the detector on the generated runs shipped in batches (with and
+without per-line times) and on random batches.
 """
 
 from __future__ import annotations
@@ -13,10 +15,12 @@ import functools
 import math
 import os
 import random
+import re
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -26,8 +30,12 @@ from detectors.hang import (
     EPOCH_SCALE,
     HangDetector,
     HangSettings,
+    Marker,
+    MarkerHit,
     MarkerKind,
     ProgressMatcher,
+    _compile_marker,
+    _Compiled,
     load_markers,
     parse_markers,
     shipped_markers,
@@ -204,6 +212,134 @@ def test_fast_path_equals_re_path(lines: list[str]) -> None:
     assert _matcher(True).scan(lines) == _matcher(False).scan(lines)
 
 
+# Fragments that exercise the batch path's edge cases: a keyword that only appears once colours
+# are stripped, newlines inside a batch line, keywords overlapping each other.
+_EDGE_FRAGMENTS = [
+    "\x1b[1mste\x1b[0mp 3 loss 2",
+    "\x1b[1;3Step 4 loss",
+    "\n",
+    "Epoch - val",
+    "stepstep=5, skipped=1",
+    "trainer:train_step:12 - step 7 loss=1.0",
+    " iteration 5/10 | x | per iteration (ms) | skipped iterations: 0 |",
+    "step:3 - actor/x:1 - val-core/y:2",
+    "ſtep 9 loss",
+    "STEP 10 LOSS",
+]
+
+_BATCH_LINES = st.lists(
+    st.lists(st.sampled_from(_FRAGMENTS + _EDGE_FRAGMENTS) | st.text(max_size=20), max_size=5).map("".join),
+    min_size=1,
+    max_size=12,
+)
+
+
+def _line_by_line(matcher: ProgressMatcher, lines: list[str]) -> list[tuple[int, str, list[MarkerHit]]]:
+    """The straightforward path: each piece of each line on its own through `match_line`."""
+    out: list[tuple[int, str, list[MarkerHit]]] = []
+    for index, text in enumerate(lines):
+        for piece in text.split("\n"):
+            if matcher.has_keyword(piece):
+                hits = matcher.match_line(piece)
+                if hits:
+                    out.append((index, piece, hits))
+    return out
+
+
+@pytest.mark.parametrize("fast", [False, True], ids=["re", "hyperscan"])
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(lines=_BATCH_LINES)
+def test_batch_scan_equals_line_by_line(fast: bool, lines: list[str]) -> None:
+    if fast:
+        _require_fast()
+    matcher = _matcher(fast)
+    assert matcher.scan(lines) == _line_by_line(matcher, lines)
+
+
+@pytest.mark.parametrize("fast", [False, True], ids=["re", "hyperscan"])
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_keyword_dense_lines_equal_line_by_line(fast: bool, seed: int) -> None:
+    """Lines made of keywords in any order and number (garbage, or a tqdm stream without newlines)."""
+    if fast:
+        _require_fast()
+    rng = random.Random(seed)
+    matcher = _matcher(fast)
+    words = list(matcher.keywords) + _FRAGMENTS[:14]
+    lines = [" ".join(rng.choice(words) for _ in range(rng.choice([3, 40, 400]))) for _ in range(30)]
+    assert matcher.scan(lines) == _line_by_line(matcher, lines)
+
+
+# Patterns that take each way `_accelerate` has of running a regex faster, and ways around them.
+_TRICKY_PATTERNS = [
+    r"\bstep (?P<step>\d+)",  # \b then a literal: rewritten with a literal prefix
+    r"\B_x(?P<step>\d)",  # \B before a non-word character
+    r"\b-(?P<step>\d+)",  # \b before a non-word character
+    r"\bab\b",
+    r"(?i)\b(?:global[_ ]?)?(?:step|iter|iteration)\b\s*(?P<step>\d+)",  # a case-insensitive start set
+    r"(?:^|[\s)])step:(?P<step>\d+)",  # split, the other alternative a character set
+    r".?step:(?P<step>\d)",  # a start literal up to one character in
+    r"(?:^|[\r\]]|#015)[ \t]*(?P<step>\d{1,3})%\|",  # split: `^...` at offset 0, `[\r\]]...` searched
+    r"(?:\A|x|[ab])c(?P<step>\d)?",
+    r"(?:[\r]|^)\s*(?P<step>\d)",  # the start-only alternative is not first: not split
+    r"(?:^|\]:)\s*saving",
+    r"x?y?(?P<step>\d)z",
+    r"\bab|cd\b",
+    r"(?<=a)b+",
+    r"st(?=e)",
+]
+_TRICKY_TEXT = st.text(alphabet="stepSTEPiterITERglobal_abcdnvxyz -:)\r]%|#0123456789\nſKİ\u212a", max_size=40)
+
+
+@functools.cache
+def _tricky(pattern: str, kind: MarkerKind) -> _Compiled:
+    marker = Marker(
+        id="t.tricky",
+        kind=kind,
+        framework="tests",
+        source="tests/test_hang.py, _TRICKY_PATTERNS",
+        keywords=["xx"],
+        pattern=pattern,
+        examples=[{"line": "step 1 ab cd x1z"}],
+    )
+    return _compile_marker(0, marker, re.compile(pattern), ())
+
+
+@pytest.mark.parametrize(
+    ("pattern", "how"),
+    [
+        (r"\bstep (?P<step>\d+)", "prefixed"),
+        (r"\B_x(?P<step>\d)", "prefixed"),
+        (r"(?i)\b(?:global[_ ]?)?(?:step|iter|iteration)\b\s*(?P<step>\d+)", "starts"),
+        (r"(?:^|[\s)])step:(?P<step>\d+)", "split"),
+        (r".?step:(?P<step>\d)", "starts"),
+        (r"(?:^|[\r\]]|#015)[ \t]*(?P<step>\d{1,3})%\|", "split"),
+        (r"(?:[\r]|^)\s*(?P<step>\d)", "plain"),
+        (r"(?:^|\]:)\s*saving", "split"),
+    ],
+)
+def test_how_a_pattern_is_accelerated(pattern: str, how: str) -> None:
+    spec = _tricky(pattern, MarkerKind.PROGRESS)
+    got = "split" if spec.head is not None else "prefixed" if spec.prefixed else "starts" if spec.starts else "plain"
+    assert got == how
+
+
+@pytest.mark.parametrize("kind", [MarkerKind.PROGRESS, MarkerKind.CHECKPOINT_START], ids=["last", "first"])
+@pytest.mark.parametrize("pattern", _TRICKY_PATTERNS)
+@settings(max_examples=100, deadline=None)
+@given(text=st.lists(_TRICKY_TEXT | st.sampled_from(_EDGE_FRAGMENTS), max_size=4).map("".join))
+def test_accelerated_regex_finds_what_the_pattern_finds(pattern: str, kind: MarkerKind, text: str) -> None:
+    spec = _tricky(pattern, kind)
+    rx = re.compile(pattern)
+    want: re.Match[str] | None = None
+    if kind is MarkerKind.PROGRESS:
+        for want in rx.finditer(text):  # noqa: B007
+            pass
+    else:
+        want = rx.search(text)
+    got = spec.find(text)
+    assert (got and (got.span(), got.groups())) == (want and (want.span(), want.groups()))
+
+
 def test_scan_reports_line_index_and_epoch_scale() -> None:
     lines = ["noise", "noise step", "Epoch 3: 100%|██████████| 57/57 [00:20<00:00, 2.85it/s]", "x"]
     ((index, line, hits),) = MARKERS.matcher.scan(lines)
@@ -260,12 +396,14 @@ def replay(det: HangDetector, run: Run, *, until: float | None = None) -> list[t
         while next_check <= ev.t:
             out.extend((next_check, f) for f in det.check(next_check))
             next_check += PERIOD
-        if ev.kind == "lines":
-            rank, lines = ev.args
+        if ev.kind in ("lines", "batch"):
+            rank, lines, *more = ev.args
             assert isinstance(lines, list)
+            times = more[0] if more else None
+            assert times is None or isinstance(times, list)
             r = rank if isinstance(rank, int) else None
             pod = f"llama-worker-{r}" if r is not None else "llama-driver"
-            det.observe_lines(JOB, r, pod, f"node-{(r or 0) // 8}", ev.t, lines)
+            det.observe_lines(JOB, r, pod, f"node-{(r or 0) // 8}", ev.t, lines, times=times)
         elif ev.kind == "util":
             unode, device, value = ev.args
             assert isinstance(unode, str) and isinstance(device, str) and isinstance(value, float)
@@ -620,9 +758,9 @@ def _settings(**kw: float) -> HangSettings:
     return HangSettings(**base)  # type: ignore[arg-type]
 
 
-def _detector(**kw: float) -> HangDetector:
+def _detector(*, reference: bool = False, **kw: float) -> HangDetector:
     s = _settings(**kw)
-    return HangDetector(s.floor_s, s.factor, settings=s)
+    return HangDetector(s.floor_s, s.factor, settings=s, reference=reference)
 
 
 STYLE_IDS = list(STYLES)
@@ -988,3 +1126,160 @@ def test_per_line_times_give_the_interval() -> None:
         det.observe_lines(JOB, 0, "w0", "n0", t0, lines, times=[t0 - 40.0, t0 - 20.0, t0])
         step += 3
     assert det._interval(det._jobs[JOB]) == pytest.approx(20.0)
+
+
+# ------------------------------------------------------------------------------------------------
+# The batch path against the line-by-line reference
+# ------------------------------------------------------------------------------------------------
+def _mixed_batch(seed: int, n: int, *, newlines: bool) -> list[str]:
+    """Lines of every style (steps, saves, evaluations, bars), noise and edge cases, shuffled."""
+    rng = random.Random(seed)
+    pool: list[str] = []
+    for style in STYLES.values():
+        for step in range(1, 40):
+            pool.extend(style.progress(step, style.total, rng))
+        pool.extend(f(100) for f in (style.ckpt_start, style.eval_start, style.eval_end) if f is not None)
+        if style.ckpt_end is not None:
+            pool.append(style.ckpt_end(100, 12.0))
+        if style.eval_progress is not None:
+            pool.append(style.eval_progress(3, 10))
+    pool += _NOISE + _FRAGMENTS + _EDGE_FRAGMENTS
+    return [line for line in (rng.choice(pool) for _ in range(n)) if newlines or "\n" not in line]
+
+
+@pytest.mark.parametrize("fast", [False, True], ids=["re", "hyperscan"])
+@pytest.mark.parametrize("newlines", [False, True], ids=["lines", "newlines-inside"])
+@pytest.mark.parametrize("seed", [1, 2])
+def test_large_batches_equal_line_by_line(fast: bool, newlines: bool, seed: int) -> None:
+    """Batches of 500 lines (the keyword occurrences are mapped to lines with numpy there)."""
+    if fast:
+        _require_fast()
+    matcher = _matcher(fast)
+    lines = _mixed_batch(seed, 1500, newlines=newlines)
+    for start in range(0, len(lines), 500):
+        batch = lines[start : start + 500]
+        found = matcher.scan(batch)
+        assert len(found) > 100
+        assert found == _line_by_line(matcher, batch)
+
+
+def batched(run: Run, window_s: float, *, line_times: bool) -> Run:
+    """The run's log lines as each container's log shipper sends them: every rank's lines of up to
+    `window_s` seconds in one batch, at the time of its last line, with per-line times or without."""
+    out = replace(run, events=[], seq=0)
+    pending: dict[object, tuple[float, list[str], list[float]]] = {}
+
+    def flush(rank: object) -> None:
+        _, lines, times = pending.pop(rank)
+        out.add(times[-1], "batch", rank, lines, times if line_times else None)
+
+    for ev in sorted(run.events):
+        if ev.kind != "lines":
+            out.add(ev.t, ev.kind, *ev.args)
+            continue
+        rank, lines = ev.args
+        assert isinstance(lines, list)
+        if rank in pending and ev.t - pending[rank][0] > window_s:
+            flush(rank)
+        _, batch, times = pending.setdefault(rank, (ev.t, [], []))
+        batch.extend(lines)
+        times.extend([ev.t] * len(lines))
+    for rank in list(pending):
+        flush(rank)
+    return out
+
+
+def _state(det: HangDetector) -> dict[str, object]:
+    """What the detector learned about the job, for comparing two detectors."""
+    job = det._jobs[JOB]
+    return {
+        "mode": job.mode,
+        "max_step": (job.max_step, job.max_step_parts, job.train_total, job.odd_streak),
+        "anchor": job.anchor,
+        "evidence": job.evidence,
+        "phase": (job.phase, job.phase_mark, {k: list(v) for k, v in job.durations.items()}),
+        "phase_steps": ({k: list(v) for k, v in job.phase_steps.items()}, job.last_phase_step),
+        "order": list(job.order),
+        "streams": {
+            k: (s.last_progress, s.last_step_t, s.tainted, s.reports, s.last_activity) for k, s in job.streams.items()
+        },
+        "fired": (job.fired, sorted(job.lone_reported)),
+    }
+
+
+_EQUIVALENCE_RUNS = [pytest.param(style, None, 11, id=f"{style}-healthy") for style in STYLES] + [
+    pytest.param(style, "all", 3, id=f"{style}-stall") for style in STYLES
+]
+
+
+@pytest.mark.parametrize("line_times", [True, False], ids=["line-times", "batch-time"])
+@pytest.mark.parametrize(("style", "stall", "seed"), _EQUIVALENCE_RUNS)
+def test_batch_path_equals_line_by_line_reference(style: str, stall: str | None, seed: int, line_times: bool) -> None:
+    hours = 4 if stall is None else 6  # the stall falls between 2 and 4 hours in
+    run = batched(generate(STYLES[style], seed=seed, stall=stall, hours=hours), 90.0, line_times=line_times)
+    fast, reference = _detector(), _detector(reference=True)
+    found = replay(fast, run)
+    assert found == replay(reference, run)
+    if stall is not None:
+        assert found  # the comparison covers findings, not only their absence
+    interval = fast._interval(fast._jobs[JOB])
+    assert interval is not None
+    assert interval == pytest.approx(reference._interval(reference._jobs[JOB]), rel=1e-12)
+    assert _state(fast) == _state(reference)
+
+
+_PROGRESS_LINES: list[Callable[[int, int], str]] = [
+    lambda n, total: f" iteration {n:8d}/{total:8d} | lm loss: 1.0 |",
+    lambda n, total: f"iter {n}: loss 2.0, time 10ms",
+    lambda n, total: "\r" + _bar(n, total),
+    lambda n, total: f"[Rank 0] step={n}, skipped=0, lr=[0.1], mom=[(0.9, 0.999)]",
+    lambda n, total: f"{{ Epoch:[  1/ 99], step:[{n:5d}/{total:5d}], loss: 1.0, per_step_time: 5000ms",
+]
+_OTHER_LINES: list[Callable[[int], str]] = [
+    lambda n: f"saving checkpoint at iteration {n:7d} to /ckpt",
+    lambda n: f"  successfully saved checkpoint from iteration {n:7d} to /ckpt",
+    lambda n: f" validation loss at iteration {n} | lm loss value: 1.0 |",
+    lambda n: "***** Running Evaluation *****",
+    lambda n: "{'eval_loss': 0.42, 'epoch': 0.5}",
+    lambda n: "[after training is done] datetime: 2024-04-09",
+    lambda n: "NCCL INFO Channel 01 : 2[1040] -> 0[1020] via SHM",
+]
+
+# One log line: (progress?, template, step change, bar length).
+_LINE = st.tuples(st.booleans(), st.integers(0, 6), st.integers(-3, 30), st.sampled_from([1000, 1000, 1000, 90]))
+# One batch: (rank, seconds since the previous one, per-line times?, lines).
+_BATCH = st.tuples(
+    st.sampled_from([0, 0, 1, 2]),
+    st.sampled_from([0.0, 0.0, 5.0, 20.0, 30.0, 400.0]),
+    st.booleans(),
+    st.lists(_LINE, min_size=1, max_size=12),
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(_BATCH, min_size=1, max_size=40))
+def test_batch_path_equals_line_by_line_on_random_batches(batches: list[tuple[int, float, bool, list[Any]]]) -> None:
+    """Steps forward, backwards, bars of another length, phases and end markers, same and new times."""
+    fast, reference = _detector(), _detector(reference=True)
+    for det in (fast, reference):
+        det.observe_job(JOB, True, 0.0)
+    t, step = 10.0, 0
+    found: list[list[Finding]] = [[], []]
+    for rank, gap, line_times, spec in batches:
+        t += gap
+        lines: list[str] = []
+        for progress, template, change, total in spec:
+            step = max(0, step + change)
+            if progress:
+                lines.append(_PROGRESS_LINES[template % len(_PROGRESS_LINES)](step, total))
+            else:
+                lines.append(_OTHER_LINES[template](step))
+        times = [t - 0.5 * (len(lines) - i) for i in range(len(lines))] if line_times else None
+        for i, det in enumerate((fast, reference)):
+            det.observe_lines(JOB, rank, f"llama-worker-{rank}", "node-0", t, lines, times=times)
+            found[i] += det.check(t + 1.0)
+    for i, det in enumerate((fast, reference)):
+        found[i] += det.check(t + 3000.0)
+    assert found[0] == found[1]
+    assert fast._interval(fast._jobs[JOB]) == reference._interval(reference._jobs[JOB])
+    assert _state(fast) == _state(reference)

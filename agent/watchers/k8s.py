@@ -1400,10 +1400,14 @@ PodListener = Callable[[PodStatus], None]
 class PodHandler(Handler):
     """Pods -> JobIndex + PodStatus on meaningful changes."""
 
-    def __init__(self, publisher: Publisher, jobs: JobIndex, *, only_job_pods: bool = False) -> None:
+    def __init__(
+        self, publisher: Publisher, jobs: JobIndex, *, only_job_pods: bool = False, publish: bool = True
+    ) -> None:
         self.publisher = publisher
         self.jobs = jobs
         self.only_job_pods = only_job_pods
+        # The node role only keeps its JobIndex warm; the cluster role publishes pod statuses.
+        self.publish = publish
         self.cache: dict[str, PodDigest] = {}
         self.listeners: list[PodListener] = []
 
@@ -1423,7 +1427,7 @@ class PodHandler(Handler):
         return key in self.cache
 
     async def _emit(self, status: PodStatus) -> None:
-        if self.only_job_pods and status.job is None:
+        if (self.only_job_pods and status.job is None) or not self.publish:
             return
         await self.publisher.publish(status)
         for listener in self.listeners:
@@ -1596,7 +1600,8 @@ class KubeWatchers:
     Options: `namespaces` (empty: all), `label_selector` (pods only), `node_name` (the node role:
     only the pods bound to this node, a field selector), `resources` (names among pods, events,
     nodes, jobs, volcanojobs, pytorchjobs; None: pods, events, nodes, plus the workloads when
-    `workloads`), `only_job_pods` (publish PodStatus only for pods of a job; the index has them all).
+    `workloads`), `only_job_pods` (publish PodStatus only for pods of a job; the index has them all), `publish_pods`
+    (False: only feed the JobIndex, as the node role does; the cluster role publishes pod statuses).
 
     The events loops start once the pods are listed (or after `events_wait_s`): an event about a
     pod is keyed by the pod's job, which the JobIndex must know by then.
@@ -1618,6 +1623,7 @@ class KubeWatchers:
         resources: Iterable[str] | None = None,
         workloads: bool = True,
         only_job_pods: bool = False,
+        publish_pods: bool = True,
         settings: WatchSettings | None = None,
     ) -> None:
         self.api = watch_client(api)
@@ -1636,7 +1642,7 @@ class KubeWatchers:
         self.resources = tuple(dict.fromkeys(names))
         self.ready = asyncio.Event()
         self.publisher = Publisher(bus, telemetry, producer)
-        self.pods = PodHandler(self.publisher, job_index, only_job_pods=only_job_pods)
+        self.pods = PodHandler(self.publisher, job_index, only_job_pods=only_job_pods, publish=publish_pods)
         self.events = EventHandler(self.publisher, job_index, self.settings)
         self.nodes = NodeHandler(self.publisher)
         self.workloads: dict[str, WorkloadHandler] = {}

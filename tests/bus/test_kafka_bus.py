@@ -230,7 +230,9 @@ async def test_broker_killed_and_restarted_mid_stream(
     by id, and each key's events come in publish order.
     """
     caplog.set_level(logging.WARNING, logger="trainmedic.bus")
-    bus = kafka_bus(durable_broker.bootstrap, telemetry, request_timeout_ms=1000)
+    # tansu's S3 engine takes longer than the default 20 ms fetch wait to serve a fetch from object
+    # storage and answers empty until then; a Kafka broker has no such floor.
+    bus = kafka_bus(durable_broker.bootstrap, telemetry, request_timeout_ms=1000, fetch_max_wait_ms=200)
     await bus.start()
     consumer = bus.consumer([topic], group)
     seen: list[Record] = list(await started(consumer))
