@@ -11,7 +11,11 @@ Steps:
    /dev/null, which would measure nothing.)
    The engine is built as `Engine(rules, fast=...)`, i.e. with its defaults (hard-wrap view on);
    `--no-unwrap` measures `unwrap=False`, the setting the pipeline uses for container logs.
-4. Print one JSON object on stdout (medians, ratios, corpus and machine facts, per-repeat figures)
+4. The event-pipeline figures (unless --no-pipeline): bench/pipeline.py runs a producer and a brain
+   as processes around the real tansu broker (`pipeline_lines_per_s`, `fault_to_diagnosis_p50_ms`,
+   `fault_to_diagnosis_p99_ms`), and bench/rss.py measures `trainmedic run --role all` watching
+   1,000 pods of the emulated API server (`agent_rss_mb_1000_pods`).
+5. Print one JSON object on stdout (medians, ratios, corpus and machine facts, per-repeat figures)
    and write it to bench/results.json. Progress goes to stderr.
 """
 
@@ -376,6 +380,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--no-unwrap", action="store_true", help="Engine(..., unwrap=False): no hard-wrap view, as the pipeline runs it"
     )
     ap.add_argument("--keep", action="store_true", help="keep the generated corpus and pattern file")
+    ap.add_argument("--no-pipeline", action="store_true", help="only the classification figures")
     args = ap.parse_args(argv)
     if args.repeats < 1:
         ap.error("--repeats must be at least 1")
@@ -384,9 +389,33 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
+GOAL_PIPELINE_LINES_PER_S = 200_000
+GOAL_FAULT_TO_DIAGNOSIS_P99_MS = 100
+GOAL_AGENT_RSS_MB = 250
+
+
+def run_pipeline_figures(args: argparse.Namespace) -> dict[str, Any]:
+    """The event-pipeline figures (bench/pipeline.py through tansu; bench/rss.py against kmock)."""
+    from bench.pipeline import run_pipeline
+    from bench.rss import run_rss
+
+    log("pipeline through the tansu broker (producer, brain, broker share the machine)")
+    out = run_pipeline(quick=args.quick, repeats=args.repeats)
+    log("agent memory with 1,000 watched pods (trainmedic run --role all against kmock)")
+    out.update(run_rss())
+    out["goals_pipeline"] = {
+        "pipeline_lines_per_s": GOAL_PIPELINE_LINES_PER_S,
+        "fault_to_diagnosis_p99_ms": GOAL_FAULT_TO_DIAGNOSIS_P99_MS,
+        "agent_rss_mb_1000_pods": GOAL_AGENT_RSS_MB,
+    }
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     result = run(args)
+    if not args.no_pipeline:
+        result.update(run_pipeline_figures(args))
     text = json.dumps(result, indent=2, ensure_ascii=False)
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(text + "\n", encoding="utf-8")
