@@ -2,12 +2,12 @@
 
     python -m bench.rss            (make bench runs it)
 
-The emulated API server (kmock: tests/servers/kube.py) holds 125 nodes with 8 GPUs each and
-1,000 running training pods of Jobs (the realistic pod of tests/watchers/test_k8s_digest.py). `trainmedic run --role all` (memory bus, the embedded default) starts
-against it from a kubeconfig, lists and watches pods, events, nodes and Jobs, and runs the brain
-over what it publishes. The figure is the agent process's VmRSS (from /proc) once every pod has
-been listed and every pod status went through the brain, after a round of status updates
-(10 % of the pods restart).
+The emulated API server (kmock: tests/servers/kube.py) holds 125 nodes with 8 GPUs each and 1,000
+running training pods of Jobs (the realistic pod of tests/watchers/test_k8s_digest.py).
+`trainmedic run --role all` (memory bus, the embedded default) starts against it from a
+kubeconfig, lists and watches pods, events, nodes and Jobs, and runs the brain over what it
+publishes. The figure is the agent process's VmRSS (from /proc) after the first lists and after a
+round of status updates (10 % of the pods restart), the larger of the two.
 """
 
 from __future__ import annotations
@@ -129,7 +129,7 @@ async def _measure(pods_total: int) -> dict[str, Any]:
 def run_rss(pods: int = 1000) -> dict[str, Any]:
     try:
         return asyncio.run(_measure(pods))
-    except Exception as e:  # the benchmark reports the failure rather than dying
+    except Exception as e:  # noqa: BLE001 - the benchmark reports the failure rather than dying
         return {"agent_rss_mb_1000_pods": None, "agent_rss_error": f"{type(e).__name__}: {e}"}
 
 
