@@ -90,10 +90,10 @@ from re._constants import (  # type: ignore[import-not-found]
 from typing import Annotated, Any
 
 import numpy as np
-import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from detectors.anchors import required_anchors
+from detectors.loader import format_error, node_line, parse_yaml, short_text
 from trainmedic.errors import Problem, RuleLoadError
 from trainmedic.models import Chip, FaultClass, Finding, I18nText, Severity, Source
 
@@ -998,58 +998,25 @@ class ProgressMarkers:
     matcher: ProgressMatcher
 
 
-def _yaml_line(node: yaml.Node | None, loc: Sequence[int | str]) -> int | None:
-    """The 1-based line of the YAML node at `loc` (a pydantic error location), or its nearest parent."""
-    line = node.start_mark.line + 1 if node is not None else None
-    for key in loc:
-        if isinstance(node, yaml.MappingNode):
-            pair = next(((k, v) for k, v in node.value if getattr(k, "value", None) == key), None)
-            if pair is None:
-                return line
-            node = pair[1]
-        elif isinstance(node, yaml.SequenceNode) and isinstance(key, int) and key < len(node.value):
-            node = node.value[key]
-        else:
-            break
-        line = node.start_mark.line + 1
-    return line
-
-
-def _fmt_error(err: Any) -> str:
-    loc = ".".join(str(p) for p in err["loc"])
-    msg = "unknown key" if err["type"] == "extra_forbidden" else str(err["msg"])
-    return f"{loc}: {msg}" if loc else msg
-
-
-def _short(text: str, limit: int = 100) -> str:
-    text = re.sub(r"\s+", " ", text)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
 def parse_markers(text: str, name: str) -> tuple[list[tuple[Marker, int | None]], list[Problem]]:
     """Parse marker-file text. Returns the valid markers (with their line) and every problem found."""
     problems: list[Problem] = []
-    try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-        data: Any = yaml.safe_load(text)
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        return [], [Problem(name, mark.line + 1 if mark else None, f"YAML syntax: {exc.problem or exc}")]
-    except yaml.YAMLError as exc:
-        return [], [Problem(name, None, f"YAML: {exc}")]
+    root, data, problem = parse_yaml(text, name)
+    if problem is not None:
+        return [], [problem]
     if not isinstance(data, dict):
         return [], [Problem(name, 1, "a marker file is a mapping with `version` and `markers`")]
     try:
         header = _MarkerFileHeader.model_validate(data)
     except ValidationError as exc:
-        return [], [Problem(name, _yaml_line(root, e["loc"]), _fmt_error(e)) for e in exc.errors()]
+        return [], [Problem(name, node_line(root, e["loc"]), format_error(e)) for e in exc.errors()]
     if not header.markers:
-        return [], [Problem(name, _yaml_line(root, ["markers"]), "no markers")]
+        return [], [Problem(name, node_line(root, ["markers"]), "no markers")]
 
     good: list[tuple[Marker, int | None]] = []
     seen: dict[str, int | None] = {}
     for i, item in enumerate(header.markers):
-        line = _yaml_line(root, ["markers", i])
+        line = node_line(root, ["markers", i])
         marker_id = item.get("id") if isinstance(item, dict) else None
         try:
             marker = Marker.model_validate(item)
@@ -1058,8 +1025,8 @@ def parse_markers(text: str, name: str) -> tuple[list[tuple[Marker, int | None]]
                 problems.append(
                     Problem(
                         name,
-                        _yaml_line(root, ["markers", i, *err["loc"]]),
-                        _fmt_error(err),
+                        node_line(root, ["markers", i, *err["loc"]]),
+                        format_error(err),
                         str(marker_id) if marker_id else None,
                     )
                 )
@@ -1079,12 +1046,15 @@ def parse_markers(text: str, name: str) -> tuple[list[tuple[Marker, int | None]]
             if hit is None:
                 taken = [h.marker_id for h in _match_all(matcher, ex.line) if h.kind is marker.kind]
                 why = f" (taken by {taken[0]})" if taken else ""
-                problems.append(Problem(name, line, f"example does not match{why}: {_short(ex.line)}", marker.id))
+                problems.append(Problem(name, line, f"example does not match{why}: {short_text(ex.line)}", marker.id))
                 continue
             if ex.step is not None and hit.step != ex.step:
                 problems.append(
                     Problem(
-                        name, line, f"example gives step {hit.step}, expected {ex.step}: {_short(ex.line)}", marker.id
+                        name,
+                        line,
+                        f"example gives step {hit.step}, expected {ex.step}: {short_text(ex.line)}",
+                        marker.id,
                     )
                 )
             if ex.epoch is not None and hit.epoch != ex.epoch:
@@ -1092,13 +1062,13 @@ def parse_markers(text: str, name: str) -> tuple[list[tuple[Marker, int | None]]
                     Problem(
                         name,
                         line,
-                        f"example gives epoch {hit.epoch}, expected {ex.epoch}: {_short(ex.line)}",
+                        f"example gives epoch {hit.epoch}, expected {ex.epoch}: {short_text(ex.line)}",
                         marker.id,
                     )
                 )
         for neg in marker.no_match:
             if any(h.marker_id == marker.id for h in _match_all(matcher, neg)):
-                problems.append(Problem(name, line, f"no_match example matches: {_short(neg)}", marker.id))
+                problems.append(Problem(name, line, f"no_match example matches: {short_text(neg)}", marker.id))
     return good, problems
 
 

@@ -49,7 +49,7 @@ def rule_files(dirs: Iterable[Path]) -> list[Path]:
     return files
 
 
-def _node_line(node: yaml.Node | None, loc: Sequence[int | str]) -> int | None:
+def node_line(node: yaml.Node | None, loc: Sequence[int | str]) -> int | None:
     """The 1-based line of the YAML node at `loc` (a pydantic error location), or its nearest parent."""
     line = node.start_mark.line + 1 if node is not None else None
     for key in loc:
@@ -68,6 +68,17 @@ def _node_line(node: yaml.Node | None, loc: Sequence[int | str]) -> int | None:
     return line
 
 
+def parse_yaml(text: str, name: str) -> tuple[yaml.Node | None, Any, Problem | None]:
+    """The node tree (for line numbers) and the data of a YAML document, or the syntax problem."""
+    try:
+        return yaml.compose(text, Loader=yaml.SafeLoader), yaml.safe_load(text), None
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        return None, None, Problem(name, mark.line + 1 if mark else None, f"YAML syntax: {exc.problem or exc}")
+    except yaml.YAMLError as exc:
+        return None, None, Problem(name, None, f"YAML: {exc}")
+
+
 def parse_rule_file(path: Path) -> tuple[list[tuple[Rule, int | None]], list[Problem]]:
     """Parse one file. Returns the valid rules (with their line) and every problem found."""
     name = str(path)
@@ -82,14 +93,9 @@ def parse_rule_file(path: Path) -> tuple[list[tuple[Rule, int | None]], list[Pro
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         return [], [Problem(name, None, f"not UTF-8: {exc}")]
-    try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-        data: Any = yaml.safe_load(text)
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        return [], [Problem(name, mark.line + 1 if mark else None, f"YAML syntax: {exc.problem or exc}")]
-    except yaml.YAMLError as exc:
-        return [], [Problem(name, None, f"YAML: {exc}")]
+    root, data, problem = parse_yaml(text, name)
+    if problem is not None:
+        return [], [problem]
     if data is None:
         return [], [Problem(name, None, "empty rule file", warning=True)]
     if not isinstance(data, dict):
@@ -102,28 +108,30 @@ def parse_rule_file(path: Path) -> tuple[list[tuple[Rule, int | None]], list[Pro
         RuleFile.model_validate({**header, "rules": []})
     except ValidationError as exc:
         for err in exc.errors():
-            problems.append(Problem(name, _node_line(root, err["loc"]), _fmt(err)))
+            problems.append(Problem(name, node_line(root, err["loc"]), format_error(err)))
     if rules_data is None:
         return [], [*problems, Problem(name, 1, "no `rules:` list", warning=True)]
     if not isinstance(rules_data, list):
-        return [], [*problems, Problem(name, _node_line(root, ["rules"]), "`rules` must be a list")]
+        return [], [*problems, Problem(name, node_line(root, ["rules"]), "`rules` must be a list")]
 
     good: list[tuple[Rule, int | None]] = []
     for i, item in enumerate(rules_data):
-        line = _node_line(root, ["rules", i])
+        line = node_line(root, ["rules", i])
         rule_id = item.get("id") if isinstance(item, dict) else None
         try:
             rule = Rule.model_validate(item)
         except ValidationError as exc:
             for err in exc.errors():
-                problems.append(Problem(name, _node_line(root, ["rules", i, *err["loc"]]), _fmt(err), str(rule_id)))
+                problems.append(
+                    Problem(name, node_line(root, ["rules", i, *err["loc"]]), format_error(err), str(rule_id))
+                )
             continue
         problems.extend(_lint_rule(rule, name, line))
         good.append((rule, line))
     return good, problems
 
 
-def _fmt(err: Any) -> str:
+def format_error(err: Any) -> str:
     loc = ".".join(str(p) for p in err["loc"])
     msg = str(err["msg"])
     if err["type"] == "extra_forbidden":
@@ -192,12 +200,14 @@ def check_examples(ruleset: RuleSet) -> list[Problem]:
         for ex in rule.examples.match:
             hits = [f for f in engine.scan_text(ex.line) if f.rule_id == rule.id]
             if not hits:
-                problems.append(Problem(file, line, f"example does not match: {_short(ex.line)}", rule.id))
+                problems.append(Problem(file, line, f"example does not match: {short_text(ex.line)}", rule.id))
                 continue
             if not any(h.code == ex.code for h in hits):
                 got = sorted({h.code for h in hits})
                 problems.append(
-                    Problem(file, line, f"example gives code {got}, expected {ex.code!r}: {_short(ex.line)}", rule.id)
+                    Problem(
+                        file, line, f"example gives code {got}, expected {ex.code!r}: {short_text(ex.line)}", rule.id
+                    )
                 )
             expected_class = ex.fault_class or rule.fault_class
             if not any(h.fault_class == expected_class for h in hits):
@@ -214,13 +224,13 @@ def check_examples(ruleset: RuleSet) -> list[Problem]:
                             file,
                             line,
                             f"example group {group}={sorted(map(str, got_values))}, "
-                            f"expected {value!r}: {_short(ex.line)}",
+                            f"expected {value!r}: {short_text(ex.line)}",
                             rule.id,
                         )
                     )
         for neg in rule.examples.no_match:
             if any(f.rule_id == rule.id for f in engine.scan_text(neg)):
-                problems.append(Problem(file, line, f"no_match example matches: {_short(neg)}", rule.id))
+                problems.append(Problem(file, line, f"no_match example matches: {short_text(neg)}", rule.id))
     return problems
 
 
@@ -231,6 +241,6 @@ def _group_value(finding: Any, group: str) -> str | None:
     return None if value is None else str(value)
 
 
-def _short(text: str, limit: int = 100) -> str:
+def short_text(text: str, limit: int = 100) -> str:
     text = re.sub(r"\s+", " ", text)
     return text if len(text) <= limit else text[: limit - 3] + "..."
