@@ -93,7 +93,7 @@ import numpy as np
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from detectors.anchors import required_anchors
-from detectors.loader import format_error, node_line, parse_yaml, short_text
+from trainmedic.datafile import format_error, node_line, parse_yaml, short_text
 from trainmedic.errors import Problem, RuleLoadError
 from trainmedic.models import Chip, FaultClass, Finding, I18nText, Severity, Source
 

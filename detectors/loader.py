@@ -8,17 +8,16 @@ examples) are reported but do not block.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import ValidationError
 
 from detectors.schema import Rule, RuleFile, RuleStatus
 from rules import RULES_DIR
+from trainmedic.datafile import format_error, node_line, parse_yaml, short_text
 from trainmedic.errors import Problem, RuleLoadError
 
 MAX_RULE_FILE_BYTES = 4 * 1024 * 1024
@@ -47,36 +46,6 @@ def rule_files(dirs: Iterable[Path]) -> list[Path]:
         else:
             files.extend(sorted(p for p in d.glob("*.y*ml") if p.suffix in (".yaml", ".yml")))
     return files
-
-
-def node_line(node: yaml.Node | None, loc: Sequence[int | str]) -> int | None:
-    """The 1-based line of the YAML node at `loc` (a pydantic error location), or its nearest parent."""
-    line = node.start_mark.line + 1 if node is not None else None
-    for key in loc:
-        if isinstance(node, yaml.MappingNode):
-            nxt = next((v for k, v in node.value if getattr(k, "value", None) == key), None)
-            if nxt is None:
-                # Unknown key: point at the key itself.
-                knode = next((k for k, _ in node.value if getattr(k, "value", None) == key), None)
-                return knode.start_mark.line + 1 if knode is not None else line
-            node = nxt
-        elif isinstance(node, yaml.SequenceNode) and isinstance(key, int) and key < len(node.value):
-            node = node.value[key]
-        else:
-            break
-        line = node.start_mark.line + 1
-    return line
-
-
-def parse_yaml(text: str, name: str) -> tuple[yaml.Node | None, Any, Problem | None]:
-    """The node tree (for line numbers) and the data of a YAML document, or the syntax problem."""
-    try:
-        return yaml.compose(text, Loader=yaml.SafeLoader), yaml.safe_load(text), None
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        return None, None, Problem(name, mark.line + 1 if mark else None, f"YAML syntax: {exc.problem or exc}")
-    except yaml.YAMLError as exc:
-        return None, None, Problem(name, None, f"YAML: {exc}")
 
 
 def parse_rule_file(path: Path) -> tuple[list[tuple[Rule, int | None]], list[Problem]]:
@@ -129,14 +98,6 @@ def parse_rule_file(path: Path) -> tuple[list[tuple[Rule, int | None]], list[Pro
         problems.extend(_lint_rule(rule, name, line))
         good.append((rule, line))
     return good, problems
-
-
-def format_error(err: Any) -> str:
-    loc = ".".join(str(p) for p in err["loc"])
-    msg = str(err["msg"])
-    if err["type"] == "extra_forbidden":
-        msg = "unknown key"
-    return f"{loc}: {msg}" if loc else msg
 
 
 def _lint_rule(rule: Rule, file: str, line: int | None) -> list[Problem]:
@@ -241,6 +202,4 @@ def _group_value(finding: Any, group: str) -> str | None:
     return None if value is None else str(value)
 
 
-def short_text(text: str, limit: int = 100) -> str:
-    text = re.sub(r"\s+", " ", text)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+__all__ = ["RuleSet", "format_error", "load_rules", "node_line", "parse_yaml", "short_text"]

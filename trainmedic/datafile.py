@@ -1,0 +1,58 @@
+"""Reading YAML data files (rules, hang markers, policy) with every problem located as file:line.
+
+A leaf module: the rule loader, the hang markers and the remediation policy all report their
+problems the same way (the key's own line for an unknown key, the nearest parent otherwise).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import yaml
+
+from trainmedic.errors import Problem
+
+
+def node_line(node: yaml.Node | None, loc: Sequence[int | str]) -> int | None:
+    """The 1-based line of the YAML node at `loc` (a pydantic error location), or its nearest parent."""
+    line = node.start_mark.line + 1 if node is not None else None
+    for key in loc:
+        if isinstance(node, yaml.MappingNode):
+            nxt = next((v for k, v in node.value if getattr(k, "value", None) == key), None)
+            if nxt is None:
+                # Unknown key: point at the key itself.
+                knode = next((k for k, _ in node.value if getattr(k, "value", None) == key), None)
+                return knode.start_mark.line + 1 if knode is not None else line
+            node = nxt
+        elif isinstance(node, yaml.SequenceNode) and isinstance(key, int) and key < len(node.value):
+            node = node.value[key]
+        else:
+            break
+        line = node.start_mark.line + 1
+    return line
+
+
+def parse_yaml(text: str, name: str) -> tuple[yaml.Node | None, Any, Problem | None]:
+    """The node tree (for line numbers) and the data of a YAML document, or the syntax problem."""
+    try:
+        return yaml.compose(text, Loader=yaml.SafeLoader), yaml.safe_load(text), None
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        return None, None, Problem(name, mark.line + 1 if mark else None, f"YAML syntax: {exc.problem or exc}")
+    except yaml.YAMLError as exc:
+        return None, None, Problem(name, None, f"YAML: {exc}")
+
+
+def format_error(err: Any) -> str:
+    loc = ".".join(str(p) for p in err["loc"])
+    msg = str(err["msg"])
+    if err["type"] == "extra_forbidden":
+        msg = "unknown key"
+    return f"{loc}: {msg}" if loc else msg
+
+
+def short_text(text: str, limit: int = 100) -> str:
+    text = re.sub(r"\s+", " ", text)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
