@@ -33,7 +33,7 @@ import asyncio
 import hashlib
 import logging
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -93,6 +93,9 @@ class BrainSettings:
     max_findings_per_window: int = 1_000
     # Publish every new distinct finding on trainmedic.findings as well.
     publish_findings: bool = True
+    # Recent kernel lines kept per node for the scene bundle (lines per node, nodes).
+    kernel_tail_lines: int = 5_000
+    kernel_tail_nodes: int = 2_000
 
 
 @dataclass
@@ -156,6 +159,9 @@ class Brain:
         self.ready = asyncio.Event()
         self.processed = 0
         self.diagnoses_published = 0
+        # node -> (time, line) of its recent kernel messages: the scene's "kernel lines around the fault".
+        self.kernel_tail: OrderedDict[str, deque[tuple[float, str]]] = OrderedDict()
+        self._kernel_ids: OrderedDict[str, None] = OrderedDict()
 
     # -- the consume loop -----------------------------------------------------------------------------
 
@@ -244,6 +250,7 @@ class Brain:
             return self._scan(Source.CONTAINER_LOG, p.lines, p.times, event, p.first_line, p.file)
         if isinstance(p, KernelBatch):
             self.telemetry.lines_in.labels("kernel").inc(len(p.lines))
+            self._keep_kernel(p, event.id, event.time)
             return self._scan(Source.KERNEL, p.lines, p.times, event, p.first_line, f"kernel:{p.node}:{p.source}")
         if isinstance(p, PodStatus):
             self._pod_running(p, event.time)
@@ -266,6 +273,24 @@ class Brain:
         if isinstance(p, NodeStatus):
             return []
         return []
+
+    def _keep_kernel(self, p: KernelBatch, event_id: str, t: float) -> None:
+        # A batch fanned out to several jobs on the node arrives once per job (same id): keep it once.
+        if event_id in self._kernel_ids:
+            return
+        self._kernel_ids[event_id] = None
+        if len(self._kernel_ids) > 4096:
+            self._kernel_ids.popitem(last=False)
+        tail = self.kernel_tail.get(p.node)
+        if tail is None:
+            tail = self.kernel_tail[p.node] = deque(maxlen=self.settings.kernel_tail_lines)
+            while len(self.kernel_tail) > self.settings.kernel_tail_nodes:
+                self.kernel_tail.popitem(last=False)
+        else:
+            self.kernel_tail.move_to_end(p.node)
+        times = p.times
+        for i, line in enumerate(p.lines):
+            tail.append((times[i] if i < len(times) else t, line))
 
     def _pod_running(self, p: PodStatus, t: float) -> None:
         if p.job is None:

@@ -1,8 +1,11 @@
 """`trainmedic` command line.
 
-    trainmedic diagnose --logs PATH [PATH ...] [--format text|json|markdown] [--lang en|zh]
+    trainmedic diagnose (--logs PATH [PATH ...] | --scene DIR) [--format text|json|markdown] [--lang en|zh]
     trainmedic rules lint|test|list [--rules DIR ...]
     trainmedic run [--config FILE] [--role node|cluster|brain|all] [--check]
+    trainmedic incidents [ID] [--status S] [--format text|json] [--store FILE]
+    trainmedic approve ID [--reject] [--by NAME] [--comment TEXT] [--store FILE]
+    trainmedic release-node NODE [--incident ID] [--kubeconfig FILE]
     trainmedic version
 
 Exit codes: 0 done (whether or not a fault was found); 1 rule problems (`rules lint/test`);
@@ -17,9 +20,14 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from trainmedic import __version__
 from trainmedic.errors import InputError, RuleLoadError
+
+if TYPE_CHECKING:
+    from detectors.engine import Engine
+    from trainmedic.models import Diagnosis
 
 EXIT_OK = 0
 EXIT_PROBLEMS = 1
@@ -53,12 +61,19 @@ def build_parser() -> argparse.ArgumentParser:
         )
 
     d = sub.add_parser("diagnose", help="classify the logs of a failed job")
-    d.add_argument(
+    inputs = d.add_mutually_exclusive_group(required=True)
+    inputs.add_argument(
         "--logs",
         nargs="+",
-        required=True,
         metavar="PATH",
         help="log files, directories (recursive) or - for stdin; .gz is read as well",
+    )
+    inputs.add_argument(
+        "--scene",
+        type=Path,
+        metavar="DIR",
+        help="a scene bundle the agent saved: its container logs (with their pod, rank and node), "
+        "kernel lines and events, diagnosed again",
     )
     d.add_argument("--format", choices=("text", "json", "markdown"), default="text")
     d.add_argument(
@@ -94,6 +109,29 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--check", action="store_true", help="validate the settings for the role and exit")
 
+    def store_option(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--config", type=Path, default=None, metavar="FILE", help="settings YAML (for the store path)")
+        p.add_argument("--store", default=None, metavar="FILE", help="incident store (default: remediate.store)")
+
+    inc = sub.add_parser("incidents", help="list incidents, or show one")
+    inc.add_argument("incident", nargs="?", default=None, help="an incident id (a unique prefix is enough)")
+    inc.add_argument("--status", default=None, help="only incidents with this status (e.g. awaiting_approval)")
+    inc.add_argument("--format", choices=("text", "json"), default="text")
+    store_option(inc)
+
+    ap = sub.add_parser("approve", help="approve (or reject) a remediation plan awaiting approval")
+    ap.add_argument("incident", help="the incident id (a unique prefix is enough)")
+    ap.add_argument("--reject", action="store_true", help="reject the plan: nothing is changed")
+    ap.add_argument("--by", default=os.environ.get("USER") or "cli", help="who decides (recorded)")
+    ap.add_argument("--comment", default="", help="why (recorded in the incident's timeline)")
+    store_option(ap)
+
+    rel = sub.add_parser("release-node", help="undo a quarantine: uncordon, remove the taint, label and condition")
+    rel.add_argument("node")
+    rel.add_argument("--incident", default=None, help="refuse unless the node was quarantined by this incident")
+    rel.add_argument("--config", type=Path, default=None, metavar="FILE", help="settings YAML (kubeconfig)")
+    rel.add_argument("--kubeconfig", default=None, metavar="FILE", help="kubeconfig (default: settings, then ~/.kube)")
+
     sub.add_parser("version", help="print the version")
     return parser
 
@@ -107,6 +145,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _rules(args)
         if args.command == "run":
             return _run(args)
+        if args.command in ("incidents", "approve"):
+            return _incidents(args)
+        if args.command == "release-node":
+            return _release_node(args)
         print(__version__)
         return EXIT_OK
     except KeyboardInterrupt:
@@ -128,7 +170,11 @@ def _diagnose(args: argparse.Namespace) -> int:
 
     fast = {"auto": None, "fast": True, "re": False}[args.engine]
     try:
-        engine = make_engine(args.rules, fast=fast)
+        if args.scene is not None:
+            # A scene's logs were captured by the container runtime: never hard-wrapped (as the brain scans).
+            engine = make_engine(args.rules, fast=fast, unwrap=False)
+        else:
+            engine = make_engine(args.rules, fast=fast)
     except RuleLoadError as exc:
         _print_rule_problems(exc)
         print(f"trainmedic: rules cannot be loaded: {exc}", file=sys.stderr)
@@ -136,10 +182,12 @@ def _diagnose(args: argparse.Namespace) -> int:
     except RuntimeError as exc:
         print(f"trainmedic: {exc}", file=sys.stderr)
         return EXIT_UNUSABLE
+    from remediations.scene import SceneError
+
     try:
-        diagnosis = diagnose_paths(args.logs, engine)
-    except InputError as exc:
-        print(f"trainmedic: {exc}", file=sys.stderr)
+        diagnosis = _diagnose_scene(args.scene, engine) if args.scene is not None else diagnose_paths(args.logs, engine)
+    except (InputError, SceneError) as exc:
+        print(f"trainmedic: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}", file=sys.stderr)
         return EXIT_UNUSABLE
     if args.format == "json":
         json.dump(diagnosis.contract_dict(args.lang), sys.stdout, ensure_ascii=False)
@@ -148,6 +196,71 @@ def _diagnose(args: argparse.Namespace) -> int:
         sys.stdout.write(render(diagnosis, args.format, args.lang))
     sys.stdout.flush()
     return EXIT_OK
+
+
+def _diagnose_scene(scene_dir: Path, engine: Engine) -> Diagnosis:
+    """A saved scene bundle through the same core as `--logs`, each text attributed as the brain
+    attributed it live: kernel lines to their node, core/v1 events and pod statuses rendered as the
+    canonical lines the rules match, container logs to their pod, namespace, node and rank."""
+    from agent.jobindex import rank_of
+    from agent.watchers.k8s import k8s_event, k8s_event_line, pod_digest, pod_status_lines
+    from detectors.diagnose import LogInput, diagnose_inputs
+    from remediations.scene import load_scene
+    from trainmedic.models import Source
+
+    scene = load_scene(scene_dir, verify=True)
+    pods = {str((p.get("metadata") or {}).get("name")): p for p in scene.pods()}
+    logs = scene.logs()
+    inputs = [
+        LogInput(
+            name=log.rel,
+            path=str(log.path),
+            source=Source.KERNEL,
+            node=log.node,
+            first_line=log.first_line,
+            last_line=log.last_line,
+        )
+        for log in logs
+        if log.source is Source.KERNEL
+    ]
+    by_node: dict[str | None, list[str]] = {}
+    for obj in scene.events():
+        ev = k8s_event(obj)
+        by_node.setdefault(ev.node, []).append(k8s_event_line(ev))
+    for node, lines in by_node.items():
+        inputs.append(LogInput(name="events", text="\n".join(lines).encode(), source=Source.K8S_EVENT, node=node))
+    for name, pod in sorted(pods.items()):
+        status = pod_digest(pod).status()
+        lines = pod_status_lines(status)
+        if lines:
+            inputs.append(
+                LogInput(
+                    name=f"pod/{status.namespace}/{status.pod}",
+                    text="\n".join(lines).encode(),
+                    source=Source.POD_STATUS,
+                    node=status.node,
+                    pod=name,
+                    namespace=status.namespace,
+                    rank=status.rank,
+                )
+            )
+    for log in logs:
+        if log.source is not Source.CONTAINER_LOG:
+            continue
+        pod_obj = pods.get(log.pod or "")
+        rank = log.rank if log.rank is not None else (rank_of(pod_obj) if pod_obj is not None else None)
+        inputs.append(
+            LogInput(
+                name=log.rel,
+                path=str(log.path),
+                source=Source.CONTAINER_LOG,
+                node=log.node,
+                pod=log.pod,
+                namespace=log.namespace,
+                rank=rank,
+            )
+        )
+    return diagnose_inputs(inputs, engine)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -204,3 +317,107 @@ def _rules(args: argparse.Namespace) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def _settings_or_exit(config: Path | None) -> Any:
+    from agent.config import ConfigError, load_settings
+
+    try:
+        return load_settings(config)
+    except ConfigError as exc:
+        print(f"trainmedic: {exc}", file=sys.stderr)
+        raise SystemExit(EXIT_UNUSABLE) from exc
+
+
+def _incidents(args: argparse.Namespace) -> int:
+    """`trainmedic incidents [ID]` and `trainmedic approve ID [--reject]` over the incident store."""
+    from agent.store import IncidentStore, StoreError
+
+    path = args.store or _settings_or_exit(args.config).remediate.store
+    if path != ":memory:" and not Path(path).is_file():
+        print(f"trainmedic: no incident store at {path} (remediate.store)", file=sys.stderr)
+        return EXIT_UNUSABLE
+    try:
+        store = IncidentStore(path)
+        if args.command == "approve":
+            incident = store.approve(args.incident, by=args.by, approve=not args.reject, comment=args.comment)
+            verb = "rejected" if args.reject else "approved"
+            print(f"{incident.id}: {verb} by {args.by}; status {incident.status.value}")
+            if not args.reject:
+                print("the agent that owns the job carries out the plan at its next pass (within seconds)")
+            return EXIT_OK
+        if args.incident:
+            incident = store.get(args.incident)
+            data = dict(incident.as_dict(), timeline=store.timeline(incident.id))
+            if args.format == "json":
+                json.dump(data, sys.stdout, ensure_ascii=False, indent=2)
+                sys.stdout.write("\n")
+            else:
+                _print_incident(data)
+            return EXIT_OK
+        incidents = store.recent(status=args.status)
+    except StoreError as exc:
+        print(f"trainmedic: {exc}", file=sys.stderr)
+        return EXIT_UNUSABLE
+    if args.format == "json":
+        json.dump([i.as_dict() for i in incidents], sys.stdout, ensure_ascii=False)
+        sys.stdout.write("\n")
+        return EXIT_OK
+    for i in incidents:
+        where = f"{i.namespace}/{i.job}" if i.job else i.key
+        print(
+            f"{i.id}  {i.status.value:<18} {i.fault_class or '-':<16} {i.code or '-':<12} {where}  node={i.node or '-'}"
+        )
+    return EXIT_OK
+
+
+def _print_incident(data: dict[str, Any]) -> None:
+    print(f"incident {data['id']}  ({data['status']}, mode {data['mode'] or '-'})")
+    print(
+        f"  job: {data['namespace']}/{data['job']}   fault: {data['fault_class']} {data['code']}  node: {data['node']}"
+    )
+    if data["scene_dir"]:
+        print(f"  scene: {data['scene_dir']}")
+    plan = data.get("plan") or {}
+    if plan.get("blocked"):
+        blocked = plan["blocked"]
+        print(f"  blocked: {blocked.get('en') if isinstance(blocked, dict) else blocked}")
+    for a in data["actions"]:
+        result = a.get("result") or {}
+        print(f"  action {a['seq']}: {a['name']:<24} {a['state']:<10} {json.dumps(result, ensure_ascii=False)[:160]}")
+    for e in data["timeline"]:
+        print(f"  {e['t']:.3f}  {e['kind']}")
+
+
+def _release_node(args: argparse.Namespace) -> int:
+    """`trainmedic release-node NODE`: undo exactly what quarantine_node did."""
+    import asyncio
+
+    from agent.run import SourceUnavailableError, _kube_api_client
+    from remediations.kube import KubeError, KubeOps
+
+    settings = _settings_or_exit(args.config)
+    if args.kubeconfig:
+        settings.kubernetes.kubeconfig = args.kubeconfig
+    try:
+        api = _kube_api_client(settings)
+    except SourceUnavailableError as exc:
+        print(f"trainmedic: {exc}", file=sys.stderr)
+        return EXIT_UNUSABLE
+
+    async def release() -> bool:
+        ops = KubeOps(api, attempts=3)
+        try:
+            return await ops.release_node(args.node, incident_id=args.incident)
+        finally:
+            ops.close()
+
+    try:
+        released = asyncio.run(release())
+    except KubeError as exc:
+        print(f"trainmedic: {exc}", file=sys.stderr)
+        return EXIT_UNUSABLE
+    finally:
+        api.close()
+    print(f"{args.node}: released" if released else f"{args.node}: was not quarantined by trainmedic")
+    return EXIT_OK

@@ -2,8 +2,8 @@
 
     trainmedic run --config trainmedic.yaml --role all|node|cluster|brain
 
-Groups mirror the pipeline: `bus`, `kubernetes`, `logs`, `kernel`, `metrics`, `detect`. Every
-field has a default, so an empty file (or none) is the embedded default: memory bus, everything in
+Groups mirror the pipeline: `bus`, `kubernetes`, `logs`, `kernel`, `metrics`, `detect`,
+`remediate`. Every field has a default, so an empty file (or none) is the embedded default: memory bus, everything in
 one process. Environment variables override the file: `TRAINMEDIC_<GROUP>__<FIELD>` (double
 underscore between levels), e.g. `TRAINMEDIC_BUS__KIND=kafka`,
 `TRAINMEDIC_BUS__BOOTSTRAP=kafka-0:9092`, `TRAINMEDIC_NODE_NAME` (the Downward API's
@@ -104,6 +104,25 @@ class DetectSettings(_Group):
     hang_factor: float = Field(3.0, gt=1, description="A hang is silence longer than this many step intervals.")
 
 
+class RemediateSettings(_Group):
+    enabled: bool = Field(True, description="Run the responder in the brain: scene, policy, actions (per the mode).")
+    mode: Literal["observe", "dry-run", "approve", "enforce"] | None = Field(
+        None,
+        description="Overrides the policy file's mode. dry-run (the shipped policy's mode) records the plan "
+        "and changes nothing; approve waits for `trainmedic approve`; enforce acts.",
+    )
+    policy: str | None = Field(None, description="Policy YAML; null: the shipped remediations/policy.yaml.")
+    store: str = Field("/var/lib/trainmedic/trainmedic.db", description="SQLite incident store (journal, approvals).")
+    scene_dir: str = Field("/var/lib/trainmedic/scenes", description="Where scene bundles are written.")
+    log_lines: int = Field(10_000, ge=10, le=1_000_000, description="Last lines kept per container in a scene.")
+    stacks: bool = Field(True, description="For a hang, dump every rank's stacks (exec) before pods are killed.")
+    checkpoint_path_map: dict[str, str] = Field(
+        default_factory=dict,
+        description="Checkpoint paths as jobs declare them -> where this agent mounts them (prefix map).",
+    )
+    wait_gone_s: float = Field(120.0, gt=0, description="How long a deleted workload may take to disappear.")
+
+
 class Settings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -116,6 +135,7 @@ class Settings(BaseModel):
     kernel: KernelSettings = Field(default_factory=KernelSettings)
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
     detect: DetectSettings = Field(default_factory=DetectSettings)
+    remediate: RemediateSettings = Field(default_factory=RemediateSettings)
 
 
 class ConfigError(TrainmedicError):

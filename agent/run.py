@@ -57,6 +57,7 @@ class Agent:
     components: dict[str, Callable[[], Awaitable[None]]] = field(default_factory=dict)
     disabled: dict[str, str] = field(default_factory=dict)
     brain: Brain | None = None
+    responder: Any = None  # agent.responder.Responder when remediation is on (brain / all roles)
     stop: asyncio.Event = field(default_factory=asyncio.Event)
     started: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -156,7 +157,77 @@ def build_agent(
         )
         brain = agent.brain
         agent.components["brain"] = lambda: brain.run(agent.stop)
+        if settings.remediate.enabled and settings.kubernetes.enabled:
+            _add_responder(agent, api_client, producer, clock)
+        elif not settings.remediate.enabled:
+            agent.disabled["responder"] = "remediate.enabled is false"
+        else:
+            agent.disabled["responder"] = "kubernetes.enabled is false (the responder acts through the API)"
     return agent
+
+
+def _add_responder(agent: Agent, api_client: Any, producer: str, clock: Callable[[], float]) -> None:
+    """The responder: scene, policy, actions. Off (with the reason logged) when its parts cannot start."""
+    from agent.responder import Responder, ResponderSettings
+    from agent.store import IncidentStore, StoreError
+    from remediations.kube import KubeOps
+    from remediations.policy import Mode, PolicyError, load_policy
+    from remediations.policy_state import PolicyStateError, SqlitePolicyState
+
+    r = agent.settings.remediate
+    try:
+        api = api_client if api_client is not None else _kube_api_client(agent.settings)
+    except SourceUnavailableError as e:
+        agent.disabled["responder"] = str(e)
+        return
+    try:
+        policy = load_policy(r.policy)
+    except PolicyError as e:
+        # A broken policy must not act on guesses: the responder stays off and says why.
+        agent.disabled["responder"] = str(e)
+        return
+    try:
+        store = IncidentStore(r.store)
+        state = SqlitePolicyState(r.store)
+    except (StoreError, PolicyStateError) as e:
+        agent.disabled["responder"] = str(e)
+        return
+    metrics_range = None
+    if agent.settings.metrics.prometheus_url:
+        from agent.watchers.metrics import PrometheusSource
+
+        prom = PrometheusSource(
+            agent.settings.metrics.prometheus_url,
+            bus=agent.bus,
+            job_index=agent.job_index,
+            telemetry=agent.telemetry,
+            producer=producer,
+        )
+        metrics_range = prom.range_query
+    brain = agent.brain
+    responder = Responder(
+        agent.bus,
+        KubeOps(api),
+        store,
+        policy,
+        state,
+        settings=ResponderSettings(
+            group=f"{agent.settings.bus.group}-responder",
+            scene_dir=Path(r.scene_dir),
+            mode=Mode(r.mode) if r.mode else None,
+            log_lines=r.log_lines,
+            stacks=r.stacks,
+            checkpoint_path_map=dict(r.checkpoint_path_map),
+            wait_gone_s=r.wait_gone_s,
+        ),
+        telemetry=agent.telemetry,
+        kernel_tail=brain.kernel_tail if brain is not None else None,
+        metrics_range=metrics_range,
+        producer=producer,
+        clock=clock,
+    )
+    agent.responder = responder
+    agent.components["responder"] = lambda: responder.run(agent.stop)
 
 
 def _add_kube(agent: Agent, api: Any, producer: str, *, node_only: bool) -> None:
@@ -286,11 +357,18 @@ async def run_agent(agent: Agent, *, drain_timeout_s: float = 20.0) -> None:
     tasks = {
         name: asyncio.create_task(supervise(name, factory, agent.stop), name=f"trainmedic:{name}")
         for name, factory in agent.components.items()
-        if name != "brain"
+        if name not in ("brain", "responder")
     }
     brain_task = (
         asyncio.create_task(supervise("brain", agent.components["brain"], agent.stop), name="trainmedic:brain")
         if "brain" in agent.components
+        else None
+    )
+    responder_task = (
+        asyncio.create_task(
+            supervise("responder", agent.components["responder"], agent.stop), name="trainmedic:responder"
+        )
+        if "responder" in agent.components
         else None
     )
     log.info(
@@ -307,12 +385,17 @@ async def run_agent(agent: Agent, *, drain_timeout_s: float = 20.0) -> None:
         for t in tasks.values():
             t.cancel()
         await asyncio.gather(*tasks.values(), return_exceptions=True)
-        if brain_task is not None:
+        # The brain publishes its open windows as final; the responder finishes what it started.
+        for task in (brain_task, responder_task):
+            if task is None:
+                continue
             try:
-                await asyncio.wait_for(brain_task, drain_timeout_s)
+                await asyncio.wait_for(task, drain_timeout_s)
             except (TimeoutError, asyncio.CancelledError):
-                brain_task.cancel()
-                await asyncio.gather(brain_task, return_exceptions=True)
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        if agent.responder is not None:
+            agent.responder.close()
         await agent.bus.stop()
         log.info("trainmedic %s stopped", agent.role.value)
 

@@ -1,6 +1,8 @@
 """`diagnose`: point the engine at logs (files, directories, stdin) and correlate what it finds.
 
-The same core serves the CLI, the API's upload endpoint and scene re-diagnosis.
+The same core serves the CLI, the API's upload endpoint and scene re-diagnosis: `diagnose_paths`
+for plain files (whatever they hold), `diagnose_inputs` for texts whose origin is known (a scene
+bundle's container logs with their pod, rank and node, its kernel lines node by node, its events).
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ import gzip
 import sys
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
@@ -16,14 +19,16 @@ from detectors.correlator import correlate
 from detectors.engine import Engine
 from detectors.loader import load_rules
 from trainmedic.errors import InputError
-from trainmedic.models import Diagnosis, Finding
+from trainmedic.models import Diagnosis, Finding, Source
 
 MAX_FILES = 10_000
 SKIP_DIRS = frozenset({".git", "__pycache__", "node_modules"})
 
 
-def make_engine(rule_dirs: Sequence[Path] = (), *, fast: bool | None = None) -> Engine:
-    return Engine(load_rules(rule_dirs).rules, fast=fast)
+def make_engine(rule_dirs: Sequence[Path] = (), *, fast: bool | None = None, unwrap: bool = True) -> Engine:
+    """The engine over the shipped rules plus `rule_dirs`. `unwrap=False` for logs a container runtime
+    captured (never hard-wrapped by a terminal), as the brain scans them."""
+    return Engine(load_rules(rule_dirs).rules, fast=fast, unwrap=unwrap)
 
 
 def expand_inputs(paths: Sequence[str]) -> list[str]:
@@ -95,4 +100,85 @@ def diagnose_paths(paths: Sequence[str], engine: Engine) -> Diagnosis:
 def diagnose_text(text: str | bytes, engine: Engine, *, name: str = "<text>") -> Diagnosis:
     findings = engine.scan_text(text, file=name)
     lines = (text.count("\n") if isinstance(text, str) else text.count(b"\n")) + 1
+    return correlate(findings, lines_scanned=lines)
+
+
+@dataclass(frozen=True, slots=True)
+class LogInput:
+    """One text to classify, with what is known for certain about where it came from (a scene
+    bundle knows each log's pod, rank and node; the lines themselves may say more)."""
+
+    # Reported as the findings' `file`.
+    name: str
+    # Read from this file (only lines first_line..last_line when last_line is set) ...
+    path: str | None = None
+    # ... or classify this text.
+    text: bytes | None = None
+    # Only rules for this source apply (as the brain's per-source engines); None: every rule.
+    source: Source | None = None
+    node: str | None = None
+    pod: str | None = None
+    namespace: str | None = None
+    rank: int | None = None
+    # The number, within `name`, of the text's first line.
+    first_line: int = 1
+    last_line: int | None = None
+
+
+# The brain scans pod statuses and core/v1 events with one engine (rules of either source).
+_SOURCE_GROUPS: dict[Source, frozenset[Source]] = {
+    Source.POD_STATUS: frozenset({Source.POD_STATUS, Source.K8S_EVENT}),
+    Source.K8S_EVENT: frozenset({Source.POD_STATUS, Source.K8S_EVENT}),
+}
+
+
+def _section(path: str, first: int, last: int | None, cache: dict[str, list[bytes]]) -> bytes:
+    lines = cache.get(path)
+    if lines is None:
+        try:
+            with open(path, "rb") as fh:
+                lines = cache[path] = fh.read().split(b"\n")
+        except OSError as exc:
+            raise InputError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    return b"\n".join(lines[max(first, 1) - 1 : last])
+
+
+def diagnose_inputs(inputs: Sequence[LogInput], engine: Engine) -> Diagnosis:
+    """Classify attributed texts and correlate all findings as one job. Findings take the input's
+    node, pod and namespace (what the source knows for certain) and its rank unless the line names
+    one (torchrun's `[rank3]:` is more precise than the pod's), as the brain attributes them."""
+    sources = {r.id: frozenset(r.source) for r in engine.rules}
+    findings: list[Finding] = []
+    lines = 0
+    cache: dict[str, list[bytes]] = {}
+    for item in inputs:
+        if item.text is not None:
+            found = engine.scan_text(item.text, file=item.name)
+            lines += item.text.count(b"\n") + 1
+        elif item.path is not None and (item.first_line > 1 or item.last_line is not None):
+            data = _section(item.path, item.first_line, item.last_line, cache)
+            found = engine.scan_text(data, file=item.name)
+            lines += data.count(b"\n") + 1
+        elif item.path is not None:
+            found, n = next(scan_inputs(engine, [item.path]))
+            lines += n
+        else:
+            continue
+        wanted = _SOURCE_GROUPS.get(item.source, frozenset({item.source})) if item.source else None
+        offset = item.first_line - 1
+        for f in found:
+            if wanted is not None and not (sources.get(f.rule_id, frozenset()) & wanted):
+                continue
+            update: dict[str, object] = {
+                "file": item.name,
+                "line_no": (f.line_no or 1) + offset,
+                "last_line_no": (f.last_line_no or f.line_no or 1) + offset,
+                "node": item.node or f.node,
+                "pod": item.pod or f.pod,
+                "namespace": item.namespace or f.namespace,
+                "rank": f.rank if f.rank is not None else item.rank,
+            }
+            if item.source is not None:
+                update["source"] = item.source
+            findings.append(f.model_copy(update=update))
     return correlate(findings, lines_scanned=lines)

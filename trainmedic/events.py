@@ -20,11 +20,11 @@ from __future__ import annotations
 import time
 import uuid
 from enum import StrEnum
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from trainmedic.models import Diagnosis, Finding
+from trainmedic.models import Diagnosis, Finding, I18nText, RootCause
 
 SCHEMA_VERSION = 1
 # A message larger than this is refused by producers and set aside by consumers (Kafka's own
@@ -213,6 +213,27 @@ class DiagnosisEvent(_Payload):
     diagnosis: Diagnosis
 
 
+class IncidentEvent(_Payload):
+    """An incident's state after each step of the responder (scene saved, planned, acted, resolved).
+
+    Published on `trainmedic.incidents`, keyed like the job, so the ops integration (webhooks,
+    reports) sees every change of one incident in order. `actions` carry each action's name, state,
+    params and result as the incident store records them.
+    """
+
+    kind: Literal["incident"] = "incident"
+    incident_id: str
+    status: str
+    job: JobRef | None = None
+    node: str | None = None
+    root_cause: RootCause | None = None
+    mode: str | None = None
+    scene_dir: str | None = None
+    plan: dict[str, Any] | None = None
+    actions: list[dict[str, Any]] = Field(default_factory=list)
+    hints: list[I18nText] = Field(default_factory=list)
+
+
 class DeadLetter(_Payload):
     kind: Literal["dead_letter"] = "dead_letter"
     reason: str
@@ -235,6 +256,7 @@ Payload = Annotated[
     | WorkloadStatus
     | FindingEvent
     | DiagnosisEvent
+    | IncidentEvent
     | DeadLetter,
     Field(discriminator="kind"),
 ]

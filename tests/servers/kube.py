@@ -12,8 +12,26 @@ with the owner references, labels, annotations and env those controllers set, ui
 times), the scheduler (binding to a node), the kubelet (container statuses through Pending ->
 Running -> terminated / CrashLoopBackOff, restart counts, container IDs, events such as Scheduled,
 Pulled, Started, BackOff, and the pods/log subresource, served through a kmock reaction, with
-follow, previous, timestamps, sinceSeconds and tailLines), node-problem-detector (OOMKilling on a
-node). `Cluster(versioned=True)` also stamps resourceVersions, as a real API server does.
+follow, previous, timestamps, sinceSeconds, tailLines and limitBytes), node-problem-detector
+(OOMKilling on a node). `Cluster(versioned=True)` also stamps resourceVersions, as a real API
+server does.
+
+The pods/exec subresource is a kmock reaction too, speaking the API server's websocket protocol to
+the official client: the GET .../pods/<name>/exec?command=...&container=...&stdout=true&stderr=true
+with `Upgrade: websocket` is upgraded by aiohttp's WebSocketResponse inside the reaction (kmock
+hands reactions the aiohttp request), subprotocol v5 or v4.channel.k8s.io as the client offers;
+binary frames carry the channel byte (1 stdout, 2 stderr) and the last one, on channel 3, the
+Status: Success, or Failure with details.causes [{reason: ExitCode, message: "<code>"}], or a
+Failure without an exit code when the runtime cannot start the command. A refusal (403 RBAC, 404
+pod, 400 container not running) is a Status answer instead of the upgrade. (The reaction is an
+async generator so kmock treats the exchange as a stream; after the websocket has closed the
+connection, kmock's own attempt to start a stream response meets the closed transport, which it
+ignores.) What a command does is up to a per-pod handler (`on_exec`); the default container has a
+POSIX shell, /proc with one Python process (pid 1, `python train.py`, which registered
+faulthandler for SIGUSR1) and no py-spy: `py-spy` is "executable file not found" (or exit 127
+through sh), the process listing of remediations.stacks (PROCESS_LIST_SCRIPT) is answered from the
+pod's process table (`set_processes`), and `kill -USR1 <pid>` makes a process that handles the
+signal print a faulthandler stack to the container's log.
 
 Failures are served by the emulator too, through kmock's reactions (a status, a Retry-After
 header, an ERROR event in a live watch stream), and `KubeEmulator.pause()` / `resume()` stop and
@@ -32,6 +50,7 @@ folder, as pytest arranges, so the module is `servers.kube`).
         await cluster.bind(pods[0], "gpu-1")
         await cluster.start(pods[0])
         cluster.write_log(pods[0], "trainer", "step 1 loss 2.3")
+        cluster.on_exec(pods[0], lambda container, argv: ExecReply(stdout="hi\n"))
         await cluster.terminate(pods[0], "trainer", reason="OOMKilled", exit_code=137, restart=True)
         await kube.pause(); await kube.resume()   # connection refused in between, same port
 """
@@ -39,17 +58,20 @@ folder, as pytest arranges, so the module is `servers.kube`).
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import os
+import re
 import secrets
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from agent.bus.memory import MemoryBus
+from remediations.stacks import PROCESS_LIST_SCRIPT
 from trainmedic.events import Event, decode
 
 try:
@@ -61,6 +83,9 @@ kmock: Any = _kmock
 __all__ = [
     "Cluster",
     "EventRecorder",
+    "ExecHandler",
+    "ExecReply",
+    "FakeProcess",
     "KubeApiError",
     "KubeEmulator",
     "kmock_available",
@@ -81,7 +106,7 @@ PYTORCH_JOB = "kubeflow.org/v1/pytorchjobs"
 # The resources the emulator serves from the start (kmock answers 404 for a resource it does not
 # know): what a bare cluster has, plus the CRDs a test installs.
 BUILTIN: dict[str, dict[str, Any]] = {
-    POD: {"kind": "Pod", "namespaced": True, "subresources": {"status", "log"}},
+    POD: {"kind": "Pod", "namespaced": True, "subresources": {"status", "log", "exec"}},
     EVENT: {"kind": "Event", "namespaced": True},
     NODE: {"kind": "Node", "namespaced": False, "subresources": {"status"}},
     "v1/namespaces": {"kind": "Namespace", "namespaced": False},
@@ -279,6 +304,56 @@ def _ref(pod: PodRef) -> tuple[str, str]:
     return str(meta.get("namespace") or "default"), str(meta["name"])
 
 
+@dataclass(frozen=True)
+class ExecReply:
+    """What a command run through pods/exec gives back.
+
+    `exit_code` None with `failure`: the runtime could not start the command (a Failure Status
+    without an exit code, as containerd reports a missing executable). `status` refuses the exec
+    itself with that HTTP status and `message` (403 RBAC, ...) instead of upgrading the connection.
+    `delay_s` holds the answer back (a command that hangs).
+    """
+
+    stdout: str | bytes = ""
+    stderr: str | bytes = ""
+    exit_code: int | None = 0
+    failure: str | None = None
+    status: int | None = None
+    message: str = ""
+    delay_s: float = 0.0
+
+
+# (container, argv) -> the reply, sync or async.
+ExecHandler = Callable[[str, list[str]], "ExecReply | Awaitable[ExecReply]"]
+
+
+@dataclass(frozen=True)
+class FakeProcess:
+    """A process in the stand-in's container: what /proc shows of it, and its SIGUSR1 answer."""
+
+    pid: int
+    cmdline: str
+    # faulthandler.register(signal.SIGUSR1) was called: the signal prints `stack` to stderr.
+    handles_sigusr1: bool = True
+    stack: str = ""
+
+
+DEFAULT_STACK = """Thread 0x00007f5e2effd640 (most recent call first):
+  File "/usr/lib/python3.10/threading.py", line 320 in wait
+  File "/usr/lib/python3.10/threading.py", line 607 in wait
+  File "/opt/conda/lib/python3.10/site-packages/torch/utils/data/_utils/pin_memory.py", line 51 in _pin_memory_loop
+
+Current thread 0x00007f5e3a8e7740 (most recent call first):
+  File "/opt/conda/lib/python3.10/site-packages/torch/distributed/distributed_c10d.py", line 2050 in all_reduce
+  File "/workspace/train.py", line 88 in train_step
+  File "/workspace/train.py", line 120 in <module>"""
+
+# SigCgt as /proc/<pid>/status shows it: a Python process catches SIGINT (bit 1), and SIGUSR1
+# (bit 9: signal 10) once faulthandler registered it.
+_SIGCGT_PLAIN = "0000000000000002"
+_SIGCGT_USR1 = "0000000000000202"
+
+
 @dataclass
 class _Instance:
     """One run of a container: its ID and its log."""
@@ -336,6 +411,8 @@ class _Pod:
     node: str | None = None
     phase: str = "Pending"
     conditions: list[dict[str, Any]] = field(default_factory=list)
+    # container -> its processes, for the default exec handler (None: the default table).
+    processes: dict[str, list[FakeProcess]] = field(default_factory=dict)
 
 
 class Cluster:
@@ -351,7 +428,11 @@ class Cluster:
         self._rv = 1000
         self.pods: dict[tuple[str, str], _Pod] = {}
         self.log_requests: list[dict[str, str]] = []
+        # Every exec asked for: namespace, pod, container, command (argv), protocol offered.
+        self.exec_requests: list[dict[str, Any]] = []
+        self._exec_handlers: dict[tuple[str, str], ExecHandler] = {}
         kube.handler[kmock.resource(POD), kmock.subresource("log")] << self._serve_log
+        kube.handler[kmock.resource(POD), kmock.subresource("exec")] << self._serve_exec
 
     # -- helpers -----------------------------------------------------------------------------------
 
@@ -1037,6 +1118,8 @@ class Cluster:
             tail = int(params["tailLines"])
             lines = lines[-tail:] if tail > 0 else []
         body = b"".join(self._fmt(ts, text, stamps) for ts, text in lines)
+        if "limitBytes" in params:
+            body = body[: max(0, int(params["limitBytes"]))]
         if params.get("follow") == "true" and inst.running and not previous:
             queue: asyncio.Queue[bytes | None] = asyncio.Queue()
             inst.streams[queue] = stamps
@@ -1054,6 +1137,151 @@ class Cluster:
                 yield item
         finally:
             inst.streams.pop(queue, None)
+
+    # -- exec --------------------------------------------------------------------------------------
+
+    def on_exec(self, pod: PodRef, handler: ExecHandler | None) -> None:
+        """What commands do in this pod's containers from now on (None: the default container)."""
+        key = _ref(pod)
+        if handler is None:
+            self._exec_handlers.pop(key, None)
+        else:
+            self._exec_handlers[key] = handler
+
+    def forbid_exec(self, pod: PodRef, user: str = "system:serviceaccount:trainmedic:trainmedic") -> None:
+        """RBAC without pods/exec: the API server answers 403 before anything runs."""
+        ns, name = _ref(pod)
+        message = (
+            f'pods "{name}" is forbidden: User "{user}" cannot create resource "pods/exec" '
+            f'in API group "" in the namespace "{ns}"'
+        )
+        self.on_exec(pod, lambda _c, _argv: ExecReply(status=403, message=message))
+
+    def set_processes(self, pod: PodRef, container: str, processes: Sequence[FakeProcess]) -> None:
+        """The processes the default exec handler shows in a container."""
+        self._pod(pod).processes[container] = list(processes)
+
+    def _processes(self, p: _Pod, container: str) -> list[FakeProcess]:
+        if container in p.processes:
+            return p.processes[container]
+        return [FakeProcess(1, "python train.py", handles_sigusr1=True, stack=DEFAULT_STACK)]
+
+    def _default_exec(self, p: _Pod, container: str, argv: list[str]) -> ExecReply:
+        """A container with a POSIX shell and /proc, without py-spy."""
+        if argv[:2] == ["sh", "-c"] and len(argv) == 3:
+            script = argv[2]
+            if script == PROCESS_LIST_SCRIPT:
+                procs = self._processes(p, container)
+                out = "".join(
+                    f"{x.pid}\t{_SIGCGT_USR1 if x.handles_sigusr1 else _SIGCGT_PLAIN}\t{x.cmdline}\n"
+                    for x in procs
+                    if "python" in x.cmdline
+                )
+                return ExecReply(stdout=out)
+            m = re.fullmatch(r"kill -(?:USR1|SIGUSR1|10)((?: \d+)+)", script.strip())
+            if m:
+                return self._sigusr1(p, container, [int(x) for x in m.group(1).split()])
+            word = script.split()[0] if script.split() else script
+            return ExecReply(stderr=f"sh: 1: {word}: not found\n", exit_code=127)
+        if argv and argv[0] in ("sh", "/bin/sh", "kill", "cat", "ls"):
+            return ExecReply(stderr=f"{argv[0]}: usage not emulated: {argv[1:]}\n", exit_code=2)
+        program = argv[0] if argv else ""
+        return ExecReply(
+            exit_code=None,
+            failure=(
+                "failed to exec in container: failed to start exec: OCI runtime exec failed: exec failed: "
+                f'unable to start container process: exec: "{program}": executable file not found in $PATH: unknown'
+            ),
+        )
+
+    def _sigusr1(self, p: _Pod, container: str, pids: list[int]) -> ExecReply:
+        procs = {x.pid: x for x in self._processes(p, container)}
+        err = ""
+        for pid in pids:
+            proc = procs.get(pid)
+            if proc is None:
+                err += "sh: 1: kill: No such process\n"
+                continue
+            if proc.handles_sigusr1:
+                self.write_log(p.namespace + "/" + p.name, container, *proc.stack.splitlines())
+        return ExecReply(stderr=err, exit_code=1 if err else 0)
+
+    async def _serve_exec(self, request: Any) -> Any:
+        """GET .../pods/<name>/exec: checks as the API server and kubelet make them, then the upgrade."""
+        raw = request._raw_request
+        argv = list(raw.query.getall("command", []))
+        container = raw.query.get("container")
+        self.exec_requests.append(
+            {
+                "namespace": request.namespace,
+                "pod": request.name,
+                "container": container,
+                "command": argv,
+                "protocols": raw.headers.get("Sec-WebSocket-Protocol", ""),
+            }
+        )
+        key = (request.namespace, request.name)
+        handler = self._exec_handlers.get(key)
+        p = self.pods.get(key)
+        reply: ExecReply | None = None
+        if handler is not None:
+            # RBAC is checked before the pod is looked at: a handler may refuse first.
+            result = handler(container or "", argv)
+            reply = await result if inspect.isawaitable(result) else result
+            if reply.status is not None:
+                reason = {403: "Forbidden", 404: "NotFound", 400: "BadRequest"}.get(reply.status, "Failure")
+                return kmock.KubernetesError(status=reply.status, reason=reason, message=reply.message)
+        if p is None:
+            return kmock.KubernetesObjectNotFoundError()
+        cname = container or next(iter(p.containers))
+        c = p.containers.get(cname)
+        if c is None:
+            return self._bad_request(f"container {cname} is not valid for pod {p.name}")
+        if "running" not in c.state:
+            return self._bad_request(f'unable to upgrade connection: container not found ("{cname}")')
+        if not argv:
+            return self._bad_request("you must specify at least 1 command")
+        if raw.headers.get("Upgrade", "").lower() != "websocket":
+            return self._bad_request("Upgrade request required")
+        if reply is None:
+            reply = self._default_exec(p, cname, argv)
+        return self._exec_session(raw, reply)
+
+    @staticmethod
+    async def _exec_session(raw: Any, reply: ExecReply) -> AsyncIterator[bytes]:
+        import aiohttp.web
+
+        ws = aiohttp.web.WebSocketResponse(protocols=("v5.channel.k8s.io", "v4.channel.k8s.io"))
+        await ws.prepare(raw)
+        try:
+            if reply.delay_s:
+                await asyncio.sleep(reply.delay_s)
+            for channel, data in ((1, reply.stdout), (2, reply.stderr)):
+                body = data.encode() if isinstance(data, str) else data
+                for i in range(0, len(body), 32 * 1024):
+                    await ws.send_bytes(bytes([channel]) + body[i : i + 32 * 1024])
+            if reply.exit_code == 0:
+                status: dict[str, Any] = {"metadata": {}, "status": "Success"}
+            elif reply.exit_code is not None:
+                status = {
+                    "metadata": {},
+                    "status": "Failure",
+                    "message": f"command terminated with non-zero exit code: exit status {reply.exit_code}",
+                    "reason": "NonZeroExitCode",
+                    "details": {"causes": [{"reason": "ExitCode", "message": str(reply.exit_code)}]},
+                }
+            else:
+                status = {"metadata": {}, "status": "Failure", "message": reply.failure or "exec failed"}
+            await ws.send_bytes(b"\x03" + json.dumps(status).encode())
+            await ws.close()
+        except (ConnectionError, RuntimeError):
+            pass  # the client went away (its own timeout)
+        finally:
+            if not ws.closed:
+                await ws.close()
+        # kmock streams what this yields; the websocket has closed the connection, so its response
+        # start meets a closed transport, which kmock ignores.
+        yield b""
 
 
 def require_kmock() -> None:

@@ -1,0 +1,776 @@
+"""The responder: a diagnosis becomes an incident; the scene is saved, the policy decides, the cluster
+is changed, safely.
+
+    trainmedic.diagnoses --> incident (store) --> scene bundle --> policy plan --> actions --> trainmedic.incidents
+
+Ownership. The responder is a consumer group over `trainmedic.diagnoses`, whose records are keyed by
+job like every input event: the member that owns a job's partition is the only one that acts on the
+job. Within a member, one serial worker per key (kopf's model): two incidents of one job never
+race, incidents of different jobs run side by side.
+
+Order of work for a final diagnosis with a root cause (earlier revisions only protect the job's pods
+with the `trainmedic.io/scene` finalizer, so a failed pod is not cleaned away before its logs are
+saved):
+
+1. the incident is opened in the store (its id is the diagnosis id: a replay lands on it);
+2. evidence first: the scene bundle (logs of every pod, events, objects, kernel lines, metrics,
+   findings, checkpoint listing; stacks for a hang, before anything is killed); the finalizers are
+   released once it is complete;
+3. the policy decides (mode, budgets, backoff, frequency escalation, circuit breaker) and the plan is
+   recorded with its actions, whatever the mode: observe / dry-run stop here, approve waits for a
+   person (`trainmedic approve`), enforce goes on;
+4. each action runs in order, journalled in the store *before* the cluster changes. Restart from
+   checkpoint records the replacement body, then `deleting`, deletes the original (uid precondition),
+   waits until it is gone, records `creating`, creates the replacement. Killed at any point, the
+   agent resumes the journal at start: the replacement is created exactly once (a 409 whose object
+   carries this incident's annotation is success), and a workload that was never deleted is not
+   touched twice.
+
+Errors: a temporary API error (429, 5xx, connection) is retried by KubeOps, then the action is left
+`running` and retried on the next pass; a permanent one (RBAC forbidden, invalid) fails the action
+with the API's reason, and the incident asks for a person. Nothing is silently dropped: every step
+lands in the incident's timeline and on `trainmedic.incidents`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import functools
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agent.bus.base import Bus, OffsetTracker, Record, TopicPartition
+from agent.bus.dlq import decode_record
+from agent.store import ActionRecord, ActionState, Incident, IncidentStatus, IncidentStore
+from agent.telemetry import Telemetry
+from remediations import checkpoints as ckpt
+from remediations import workloads as wl
+from remediations.kube import ConflictError, KubeError, KubeOps, PermanentKubeError
+from remediations.policy import ActionName, Mode, Plan, Policy, PolicyContext
+from remediations.policy_state import PolicyState
+from remediations.scene import SceneInputs, SceneSettings, save_scene
+from remediations.stacks import ExecResult, exec_in_pod
+from trainmedic.events import DiagnosisEvent, IncidentEvent, JobRef, Topic, make_event
+from trainmedic.models import I18nText, RootCause
+
+log = logging.getLogger("trainmedic.responder")
+
+SCENE_FINALIZER = "trainmedic.io/scene"
+
+# The workload kinds tried when a diagnosis names a job without its kind (a hang found by key).
+_KINDS: tuple[tuple[str, str], ...] = (
+    ("batch/v1", "Job"),
+    ("batch.volcano.sh/v1alpha1", "Job"),
+    ("kubeflow.org/v1", "PyTorchJob"),
+)
+
+MetricsRange = Callable[[str, float, float, float], Awaitable[Mapping[str, list[tuple[float, float]]]]]
+
+
+@dataclass
+class ResponderSettings:
+    """How the responder acts on diagnoses (the `remediate` settings group)."""
+
+    group: str = "trainmedic-responder"
+    scene_dir: Path = Path("/var/lib/trainmedic/scenes")
+    # Overrides the policy file's mode when set (observe | dry-run | approve | enforce).
+    mode: Mode | None = None
+    log_lines: int = 10_000
+    stacks: bool = True
+    stack_timeout_s: float = 20.0
+    metrics_window_s: float = 900.0
+    # Checkpoint paths as the job declares them -> as this agent sees them (shared volume mounts).
+    checkpoint_path_map: dict[str, str] = field(default_factory=dict)
+    wait_gone_s: float = 120.0
+    approval_poll_s: float = 2.0
+    # An action that failed temporarily is tried again after this long.
+    retry_after_s: float = 10.0
+    poll_ms: int = 100
+    max_records: int = 100
+
+
+@dataclass
+class _KeyWorker:
+    queue: asyncio.Queue[tuple[Callable[[], Awaitable[Any]], Record | None]]
+    task: asyncio.Task[None]
+
+
+class Responder:
+    """Consumes diagnoses and carries incidents through scene, plan and actions."""
+
+    def __init__(
+        self,
+        bus: Bus,
+        kube: KubeOps,
+        store: IncidentStore,
+        policy: Policy,
+        policy_state: PolicyState,
+        *,
+        settings: ResponderSettings | None = None,
+        telemetry: Telemetry | None = None,
+        kernel_tail: Mapping[str, Sequence[tuple[float, str]]] | None = None,
+        metrics_range: MetricsRange | None = None,
+        stack_dumper: Callable[..., Awaitable[Mapping[str, Any]]] | None = None,
+        producer: str = "brain",
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.bus = bus
+        self.kube = kube
+        self.store = store
+        self.policy = policy
+        self.policy_state = policy_state
+        self.settings = settings or ResponderSettings()
+        self.telemetry = telemetry or Telemetry()
+        self.kernel_tail = kernel_tail if kernel_tail is not None else {}
+        self.metrics_range = metrics_range
+        self.stack_dumper = stack_dumper
+        self.producer = producer
+        self.clock = clock
+        self.tracker = OffsetTracker()
+        self._workers: dict[str, _KeyWorker] = {}
+        self._assignment: set[TopicPartition] = set()
+        self._protected: dict[str, list[tuple[str, str]]] = {}
+        self._scheduled: set[str] = set()
+        self.ready = asyncio.Event()
+        # Completed incident handlings, for tests and the demo: incident id -> final status.
+        self.handled: dict[str, IncidentStatus] = {}
+        self.changed = asyncio.Event()
+
+    # -- the consume loop -----------------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event | None = None) -> None:
+        stop = stop or asyncio.Event()
+        consumer = self.bus.consumer([Topic.DIAGNOSES.value], self.settings.group)
+        await consumer.start()
+        try:
+            await self.resume()
+            self.ready.set()
+            last_poll = self.clock()
+            while not stop.is_set():
+                records = await consumer.getmany(
+                    timeout_ms=self.settings.poll_ms, max_records=self.settings.max_records
+                )
+                self._assignment = consumer.assignment()
+                for record in records:
+                    await self._dispatch(record)
+                now = self.clock()
+                if now - last_poll >= self.settings.approval_poll_s:
+                    last_poll = now
+                    await self.poll_store()
+                offsets = self.tracker.committable()
+                if offsets:
+                    await consumer.commit(offsets)
+                    self.tracker.committed(offsets)
+            await self.drain()
+            offsets = self.tracker.committable()
+            if offsets:
+                await consumer.commit(offsets)
+                self.tracker.committed(offsets)
+        finally:
+            for w in self._workers.values():
+                w.task.cancel()
+            await asyncio.gather(*(w.task for w in self._workers.values()), return_exceptions=True)
+            self._workers.clear()
+            await consumer.stop()
+
+    def close(self) -> None:
+        """Release the API client and the store (after `run` returned)."""
+        self.kube.close()
+        self.store.close()
+        close = getattr(self.policy_state, "close", None)
+        if callable(close):
+            close()
+
+    async def _dispatch(self, record: Record) -> None:
+        self.tracker.track(record)
+        event = await decode_record(self.bus, record, self.telemetry)
+        if event is None or not isinstance(event.payload, DiagnosisEvent):
+            self.tracker.done(record)
+            return
+        payload, key, tp = event.payload, event.key, record.tp
+        self._submit(key, lambda: self.handle(payload, key=key, tp=tp), record)
+
+    def _submit(self, key: str, work: Callable[[], Awaitable[Any]], record: Record | None) -> None:
+        worker = self._workers.get(key)
+        if worker is None or worker.task.done():
+            queue: asyncio.Queue[tuple[Callable[[], Awaitable[Any]], Record | None]] = asyncio.Queue()
+            task = asyncio.create_task(self._work(key, queue), name=f"trainmedic:respond:{key}")
+            worker = self._workers[key] = _KeyWorker(queue, task)
+        worker.queue.put_nowait((work, record))
+
+    async def _work(self, key: str, queue: asyncio.Queue[tuple[Callable[[], Awaitable[Any]], Record | None]]) -> None:
+        """One key's serial worker; exits when idle (kopf's queueing model)."""
+        while True:
+            try:
+                work, record = await asyncio.wait_for(queue.get(), timeout=30.0)
+            except TimeoutError:
+                if queue.empty():
+                    self._workers.pop(key, None)
+                    return
+                continue
+            try:
+                await work()
+            except Exception:  # one incident's bug must not stop the others; it is in the log and the store
+                log.exception("responding for %s failed", key)
+            finally:
+                if record is not None:
+                    self.tracker.done(record)
+                queue.task_done()
+
+    async def drain(self) -> None:
+        """Wait for every queued diagnosis to be handled (graceful stop, tests)."""
+        for w in list(self._workers.values()):
+            await w.queue.join()
+
+    def owns(self, incident: Incident) -> bool:
+        """True when this member owns the partition the incident's diagnosis came from (or when the
+        incident did not come from the bus)."""
+        if incident.source_topic is None or incident.source_partition is None:
+            return True
+        return (incident.source_topic, incident.source_partition) in self._assignment
+
+    # -- store-driven work: resume after a restart, approvals ------------------------------------------
+
+    async def resume(self) -> None:
+        """Carry on with incidents a previous run of this agent left half way (the journal): actions
+        interrupted (a workload deleted but not yet recreated), or a final diagnosis whose scene or
+        plan was not finished (with the memory bus, the diagnosis itself is gone with the process)."""
+        for incident in self.store.unfinished():
+            if incident.status is IncidentStatus.ACTING:
+                log.info("resuming incident %s (%s): actions were interrupted", incident.id, incident.key)
+                await self._execute(incident)
+            elif incident.status is IncidentStatus.OPEN and incident.diagnosis.get("final"):
+                log.info("resuming incident %s (%s): scene and plan were interrupted", incident.id, incident.key)
+                d = DiagnosisEvent.model_validate(incident.diagnosis)
+                await self.handle(d, key=incident.key)
+
+    async def poll_store(self) -> None:
+        """Approved plans (a person ran `trainmedic approve`) and actions waiting for a retry, each run
+        on its job's worker so it never races with that job's other work."""
+        for incident in self.store.unfinished():
+            if incident.status is not IncidentStatus.ACTING or not self.owns(incident):
+                continue
+            if incident.id in self._scheduled:
+                continue
+            self._scheduled.add(incident.id)
+            self._submit(incident.key, functools.partial(self._execute_again, incident.id), None)
+
+    async def _execute_again(self, incident_id: str) -> None:
+        try:
+            incident = self.store.get(incident_id)
+            if incident.status is IncidentStatus.ACTING:
+                await self._execute(incident)
+        finally:
+            self._scheduled.discard(incident_id)
+
+    # -- one diagnosis --------------------------------------------------------------------------------
+
+    async def handle(self, d: DiagnosisEvent, *, key: str, tp: TopicPartition | None = None) -> Incident | None:
+        rc = d.diagnosis.root_cause
+        job = d.job
+        if rc is None:
+            if d.final:
+                await self._unprotect(key)
+            return None
+        incident, created = await asyncio.to_thread(
+            self.store.open_incident,
+            d.diagnosis_id,
+            key=key,
+            diagnosis=d.model_dump(mode="json"),
+            revision=d.revision,
+            namespace=job.namespace if job else None,
+            job=job.name if job else None,
+            job_kind=job.kind if job else None,
+            job_api_version=job.api_version if job else None,
+            node=rc.node,
+            fault_class=rc.fault_class.value,
+            code=rc.code,
+            chip=rc.chip.value,
+            source_topic=tp[0] if tp else None,
+            source_partition=tp[1] if tp else None,
+        )
+        if not d.final:
+            if created and job is not None:
+                await self._protect(key, job)
+            return incident
+        if incident.status is IncidentStatus.OPEN:
+            incident = await self._prepare(incident, d, rc)
+        if incident.status is IncidentStatus.ACTING:
+            incident = await self._execute(incident)
+        return incident
+
+    async def _prepare(self, incident: Incident, d: DiagnosisEvent, rc: RootCause) -> Incident:
+        """Scene, then plan. Leaves the incident OBSERVED, AWAITING_APPROVAL, BLOCKED or ACTING."""
+        job = d.job
+        workload = await self._workload(job) if job is not None else None
+        pods = await self._pods(job, workload) if job is not None else []
+        if incident.scene_dir is None or not (Path(incident.scene_dir) / "manifest.json").is_file():
+            await self._save_scene(incident, d, rc, workload, pods)
+        await self._unprotect(incident.key)
+        incident = self.store.get(incident.id)
+
+        ctx = await self._context(incident, rc, workload)
+        if self.store.mark_fault_observed(incident.id):
+            self.policy.observe_fault(rc, ctx, self.policy_state, incident_id=incident.id)
+        plan = self.policy.decide(incident.id, rc, d.diagnosis.findings, ctx, self.policy_state)
+        if plan.breaker_open and plan.mode is Mode.ENFORCE:
+            self.policy.commit_breaker(ctx, self.policy_state, incident_id=incident.id)
+        if self.settings.mode is not None:
+            plan.mode = self.settings.mode
+        actions = [(a.name.value, dict(a.params)) for a in plan.actions]
+        await asyncio.to_thread(self.store.set_plan, incident.id, plan.as_dict(), plan.mode.value, actions)
+        incident = self.store.get(incident.id)
+        status = self._status_for(plan)
+        self.store.set_status(incident.id, status, {"mode": plan.mode.value})
+        incident = self.store.get(incident.id)
+        if status is not IncidentStatus.ACTING:
+            self._finish(incident)
+        await self._publish(incident, rc, hints=plan.hints)
+        return incident
+
+    @staticmethod
+    def _status_for(plan: Plan) -> IncidentStatus:
+        if plan.mode in (Mode.OBSERVE, Mode.DRY_RUN):
+            return IncidentStatus.OBSERVED
+        mutating = [a for a in plan.actions if a.name is not ActionName.NOTIFY]
+        if plan.blocked is not None and not mutating:
+            return IncidentStatus.BLOCKED
+        if plan.mode is Mode.APPROVE and mutating:
+            return IncidentStatus.AWAITING_APPROVAL
+        return IncidentStatus.ACTING
+
+    # -- actions --------------------------------------------------------------------------------------
+
+    async def _execute(self, incident: Incident) -> Incident:
+        """Run the incident's remaining actions in order (journalled; safe to call again)."""
+        rc = RootCause.model_validate(incident.diagnosis["diagnosis"]["root_cause"])
+        failed = False
+        retry = False
+        for action in incident.actions:
+            if action.state in (ActionState.DONE, ActionState.SKIPPED, ActionState.FAILED):
+                failed = failed or action.state is ActionState.FAILED
+                continue
+            try:
+                await self._run_action(incident, action, rc)
+            except PermanentKubeError as e:
+                failed = True
+                self.store.update_action(incident.id, action.seq, ActionState.FAILED, result={"error": str(e)})
+                log.error("incident %s: %s failed: %s", incident.id, action.name, e)
+                break
+            except KubeError as e:
+                retry = True
+                self.store.update_action(
+                    incident.id,
+                    action.seq,
+                    ActionState(self._journal_state(incident, action)),
+                    result={"retry": str(e)},
+                )
+                log.warning("incident %s: %s will be retried: %s", incident.id, action.name, e)
+                break
+        incident = self.store.get(incident.id)
+        if not retry:
+            plan = incident.plan or {}
+            status = IncidentStatus.FAILED if failed else IncidentStatus.RESOLVED
+            if not failed and plan.get("blocked") and plan.get("page"):
+                status = IncidentStatus.BLOCKED
+            self.store.set_status(incident.id, status)
+            incident = self.store.get(incident.id)
+            self._finish(incident)
+            await self._publish(incident, rc)
+        return incident
+
+    def _journal_state(self, incident: Incident, action: ActionRecord) -> str:
+        current = self.store.get(incident.id).actions[action.seq].state
+        return current.value if current is not ActionState.PLANNED else ActionState.RUNNING.value
+
+    async def _run_action(self, incident: Incident, action: ActionRecord, rc: RootCause) -> None:
+        name = ActionName(action.name)
+        if name is ActionName.NOTIFY:
+            self.store.update_action(
+                incident.id, action.seq, ActionState.DONE, result={"published": Topic.INCIDENTS.value}
+            )
+        elif name is ActionName.QUARANTINE_NODE:
+            await self._quarantine(incident, action, rc)
+        elif name in (ActionName.RESTART_FROM_CHECKPOINT, ActionName.RAISE_MEMORY_LIMIT):
+            await self._restart(incident, action, rc)
+
+    async def _quarantine(self, incident: Incident, action: ActionRecord, rc: RootCause) -> None:
+        node = action.params.get("node") or rc.node
+        if not node:
+            self.store.update_action(
+                incident.id, action.seq, ActionState.SKIPPED, result={"reason": "the fault is not localised to a node"}
+            )
+            return
+        self.store.update_action(incident.id, action.seq, ActionState.RUNNING, params=dict(action.params, node=node))
+        result = await self.kube.quarantine_node(
+            node, incident_id=incident.id, fault_class=rc.fault_class.value, reason=rc.summary.en
+        )
+        self.policy.commit_quarantine(node, self._ctx_light(incident, rc), self.policy_state, incident_id=incident.id)
+        self.store.update_action(
+            incident.id,
+            action.seq,
+            ActionState.DONE,
+            result={"node": node, "changed": result.changed, "already_by": result.already_by},
+        )
+
+    async def _restart(self, incident: Incident, action: ActionRecord, rc: RootCause) -> None:
+        """Recreate the workload from its last complete checkpoint, bad nodes excluded; exactly once."""
+        params = dict(action.params)
+        job = _job_of(incident)
+        if job is None:
+            self.store.update_action(
+                incident.id, action.seq, ActionState.SKIPPED, result={"reason": "the incident has no workload"}
+            )
+            return
+        memory_only = ActionName(action.name) is ActionName.RAISE_MEMORY_LIMIT
+        if memory_only and self._restart_in_plan(incident, action.seq):
+            self.store.update_action(
+                incident.id, action.seq, ActionState.SKIPPED, result={"reason": "applied by the restart action"}
+            )
+            return
+        state = self.store.get(incident.id).actions[action.seq].state
+        body: dict[str, Any] | None = params.get("body")
+        if state in (ActionState.PLANNED, ActionState.RUNNING) or body is None:
+            live = await self._workload(job)
+            if live is None:
+                self.store.update_action(
+                    incident.id,
+                    action.seq,
+                    ActionState.FAILED,
+                    result={"error": f"workload {job.namespace}/{job.name} not found; nothing was deleted"},
+                )
+                return
+            if _annotation(live, "trainmedic.io/incident") == incident.id:
+                self.store.update_action(incident.id, action.seq, ActionState.DONE, result=_restart_result(live))
+                return
+            body, resume = await self._replacement(incident, live, rc)
+            params.update(
+                body=body,
+                uid=live["metadata"].get("uid"),
+                api_version=live.get("apiVersion"),
+                kind=live.get("kind"),
+                **resume,
+            )
+            self.store.update_action(incident.id, action.seq, ActionState.DELETING, params=params)
+            await self.kube.delete_workload(live, propagation="Foreground")
+            state = ActionState.DELETING
+        if state is ActionState.DELETING:
+            await self.kube.wait_gone(
+                params["api_version"],
+                params["kind"],
+                job.namespace,
+                job.name,
+                uid=params.get("uid"),
+                timeout_s=self.settings.wait_gone_s,
+            )
+            self.store.update_action(incident.id, action.seq, ActionState.CREATING)
+        try:
+            created = await self.kube.create_workload(body)
+        except ConflictError:
+            existing = await self.kube.get_workload(params["api_version"], params["kind"], job.namespace, job.name)
+            if existing is None or _annotation(existing, "trainmedic.io/incident") != incident.id:
+                raise PermanentKubeError(
+                    f"{params['kind']} {job.namespace}/{job.name} was recreated by someone else meanwhile; "
+                    "left as it is"
+                ) from None
+            created = existing
+        self.policy.commit_restart(self._ctx_light(incident, rc), self.policy_state, incident_id=incident.id)
+        self.store.update_action(incident.id, action.seq, ActionState.DONE, result=_restart_result(created))
+        log.info(
+            "incident %s: %s %s/%s recreated from %s, excluding %s",
+            incident.id,
+            params["kind"],
+            job.namespace,
+            job.name,
+            params.get("checkpoint") or "no checkpoint",
+            ", ".join(params.get("excluded_nodes") or []) or "no node",
+        )
+
+    def _restart_in_plan(self, incident: Incident, seq: int) -> bool:
+        return any(
+            a.name == ActionName.RESTART_FROM_CHECKPOINT.value and a.seq != seq
+            for a in self.store.get(incident.id).actions
+        )
+
+    async def _replacement(
+        self, incident: Incident, live: dict[str, Any], rc: RootCause
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The body that replaces `live`, and what went into it (checkpoint, excluded nodes, memory)."""
+        spec = wl.resume_spec(live)
+        checkpoint = None
+        if spec.checkpoint_dir:
+            local = self._map_path(spec.checkpoint_dir)
+            checkpoint = await asyncio.to_thread(ckpt.latest_complete, local)
+            if checkpoint is not None and local != spec.checkpoint_dir:
+                checkpoint = dataclasses.replace(checkpoint, path=spec.checkpoint_dir + checkpoint.path[len(local) :])
+        exclude = set(await self._bad_nodes(incident, rc))
+        memory: dict[str, Any] = {}
+        for a in self.store.get(incident.id).actions:
+            if a.name == ActionName.RAISE_MEMORY_LIMIT.value and a.params.get("max_bytes"):
+                memory = {"memory_factor": float(a.params["factor"]), "memory_cap_bytes": int(a.params["max_bytes"])}
+            exclude.update(str(n) for n in a.params.get("exclude_nodes") or [])
+        body = wl.recreate_body(
+            live,
+            incident_id=incident.id,
+            checkpoint=checkpoint,
+            exclude_nodes=sorted(exclude),
+            now=self.clock(),
+            **memory,
+        )
+        excluded = _annotation(body, "trainmedic.io/excluded-nodes")
+        return body, {
+            "checkpoint": checkpoint.path if checkpoint else None,
+            "step": checkpoint.step if checkpoint else None,
+            "excluded_nodes": excluded.split(",") if excluded else [],
+            "memory": memory or None,
+        }
+
+    async def _bad_nodes(self, incident: Incident, rc: RootCause) -> list[str]:
+        """Nodes the replacement must avoid: the ones this incident quarantined, and every node
+        trainmedic holds in quarantine (the taint keeps pods off them too; affinity says it again)."""
+        nodes = set()
+        for a in self.store.get(incident.id).actions:
+            if a.name == ActionName.QUARANTINE_NODE.value and a.state is ActionState.DONE and a.result:
+                node = a.result.get("node")
+                if node:
+                    nodes.add(str(node))
+        with contextlib.suppress(KubeError):
+            nodes.update(str(n["name"]) for n in await self.kube.quarantined_nodes())
+        return sorted(nodes)
+
+    def _map_path(self, path: str) -> str:
+        for prefix, local in sorted(self.settings.checkpoint_path_map.items(), key=lambda kv: -len(kv[0])):
+            if path == prefix or path.startswith(prefix.rstrip("/") + "/"):
+                return local.rstrip("/") + path[len(prefix.rstrip("/")) :]
+        return path
+
+    # -- scene ------------------------------------------------------------------------------------------
+
+    async def _save_scene(
+        self,
+        incident: Incident,
+        d: DiagnosisEvent,
+        rc: RootCause,
+        workload: dict[str, Any] | None,
+        pods: list[dict[str, Any]],
+    ) -> None:
+        node_names = {str(p.get("spec", {}).get("nodeName")) for p in pods if p.get("spec", {}).get("nodeName")}
+        if rc.node:
+            node_names.add(rc.node)
+        nodes = []
+        for n in sorted(node_names):
+            with contextlib.suppress(KubeError):
+                obj = await self.kube.get_node(n)
+                if obj is not None:
+                    nodes.append(obj)
+        listing: list[dict[str, Any]] = []
+        if workload is not None:
+            spec = wl.resume_spec(workload)
+            if spec.checkpoint_dir:
+                found = await asyncio.to_thread(ckpt.list_checkpoints, self._map_path(spec.checkpoint_dir))
+                listing = ckpt.describe(found)
+        kernel = {n: list(self.kernel_tail.get(n, ())) for n in node_names}
+        inputs = SceneInputs(
+            incident_id=incident.id,
+            diagnosis=d,
+            workload=workload,
+            pods=pods,
+            nodes=nodes,
+            kernel_lines=kernel,
+            checkpoints=listing,
+            hang=rc.fault_class.value == "hang",
+            now=self.clock(),
+        )
+        settings = SceneSettings(
+            log_lines=self.settings.log_lines,
+            stacks=self.settings.stacks,
+            stack_timeout_s=self.settings.stack_timeout_s,
+            metrics_window_s=self.settings.metrics_window_s,
+        )
+        result = await save_scene(self.settings.scene_dir, inputs, _SceneSource(self), settings)
+        self.store.set_scene(
+            incident.id,
+            str(result.dir),
+            {"files": len(result.manifest.get("files", [])), "problems": len(result.manifest.get("problems", []))},
+        )
+
+    # -- pods kept until the scene is saved ------------------------------------------------------------
+
+    async def _protect(self, key: str, job: JobRef) -> None:
+        workload = await self._workload(job)
+        pods = await self._pods(job, workload)
+        done = []
+        for p in pods:
+            meta = p.get("metadata", {})
+            try:
+                await self.kube.add_pod_finalizer(meta.get("namespace", job.namespace), meta["name"], SCENE_FINALIZER)
+            except KubeError as e:
+                log.warning("cannot keep pod %s for the scene: %s", meta.get("name"), e)
+                continue
+            done.append((meta.get("namespace", job.namespace), meta["name"]))
+        self._protected[key] = done
+
+    async def _unprotect(self, key: str) -> None:
+        for ns, name in self._protected.pop(key, []):
+            try:
+                await self.kube.remove_pod_finalizer(ns, name, SCENE_FINALIZER)
+            except KubeError as e:
+                log.warning("cannot release pod %s/%s (finalizer %s): %s", ns, name, SCENE_FINALIZER, e)
+
+    # -- lookups ----------------------------------------------------------------------------------------
+
+    async def _workload(self, job: JobRef) -> dict[str, Any] | None:
+        kinds = [(job.api_version, job.kind)] + [k for k in _KINDS if k != (job.api_version, job.kind)]
+        if job.kind == "Pod":
+            return None
+        for api_version, kind in kinds:
+            try:
+                obj = await self.kube.get_workload(api_version, kind, job.namespace, job.name)
+            except PermanentKubeError:
+                continue  # a CRD that is not installed
+            if obj is not None:
+                return obj
+        return None
+
+    async def _pods(self, job: JobRef, workload: Mapping[str, Any] | None) -> list[dict[str, Any]]:
+        if workload is None:
+            return []
+        try:
+            return await self.kube.list_job_pods(job.namespace, wl.job_pod_selector(workload))
+        except KubeError as e:
+            log.warning("cannot list the pods of %s/%s: %s", job.namespace, job.name, e)
+            return []
+
+    async def _context(self, incident: Incident, rc: RootCause, workload: Mapping[str, Any] | None) -> PolicyContext:
+        try:
+            nodes = await self.kube.list_nodes()
+        except KubeError as e:
+            log.warning("cannot list nodes for the circuit breaker: %s", e)
+            nodes = []
+        pool, pool_size = self.policy.pool_of(rc.node, nodes)
+        opt_out = workload is not None and wl.resume_spec(workload).opt_out
+        texts = [f.text for f in (incident_findings(incident))]
+        return PolicyContext(
+            namespace=incident.namespace or "",
+            job_key=incident.key,
+            node=rc.node,
+            device=rc.device,
+            pool=pool,
+            pool_size=pool_size,
+            opt_out=opt_out,
+            now=self.clock(),
+            texts=tuple(texts),
+        )
+
+    def _ctx_light(self, incident: Incident, rc: RootCause) -> PolicyContext:
+        plan = incident.plan or {}
+        ctx = plan.get("context") or {}
+        return PolicyContext(
+            namespace=incident.namespace or "",
+            job_key=incident.key,
+            node=rc.node,
+            device=rc.device,
+            pool=str(ctx.get("pool", "all")),
+            pool_size=int(ctx.get("pool_size") or 1),
+            opt_out=False,
+            now=self.clock(),
+        )
+
+    # -- out --------------------------------------------------------------------------------------------
+
+    def _finish(self, incident: Incident) -> None:
+        self.handled[incident.id] = incident.status
+        self.changed.set()
+
+    async def _publish(self, incident: Incident, rc: RootCause, *, hints: Sequence[I18nText] = ()) -> None:
+        job = _job_of(incident)
+        payload = IncidentEvent(
+            incident_id=incident.id,
+            status=incident.status.value,
+            job=job,
+            node=rc.node,
+            root_cause=rc,
+            mode=incident.mode,
+            scene_dir=incident.scene_dir,
+            plan=incident.plan,
+            actions=[a.as_dict() for a in incident.actions],
+            hints=list(hints),
+        )
+        await self.bus.publish(Topic.INCIDENTS, make_event(payload, producer=self.producer, key=incident.key))
+
+
+class _SceneSource:
+    """What the scene collector reads, over KubeOps and the agent's metrics."""
+
+    def __init__(self, responder: Responder) -> None:
+        self._r = responder
+
+    async def pod_log(
+        self,
+        namespace: str,
+        pod: str,
+        container: str,
+        *,
+        tail_lines: int,
+        previous: bool = False,
+        limit_bytes: int = 8 << 20,
+    ) -> str:
+        return await self._r.kube.pod_log(
+            namespace, pod, container, tail_lines=tail_lines, previous=previous, limit_bytes=limit_bytes
+        )
+
+    async def list_events(self, namespace: str, *, involved: set[tuple[str, str]]) -> list[dict[str, Any]]:
+        return await self._r.kube.list_events(namespace, involved=involved)
+
+    async def metrics_range(
+        self, node: str, start: float, end: float, step: float
+    ) -> Mapping[str, list[tuple[float, float]]] | None:
+        if self._r.metrics_range is None:
+            return None
+        return await self._r.metrics_range(node, start, end, step)
+
+    async def exec(
+        self, namespace: str, pod: str, container: str, command: list[str], *, timeout_s: float
+    ) -> ExecResult:
+        return await exec_in_pod(self._r.kube.api, namespace, pod, container, command, timeout_s=timeout_s)
+
+
+def incident_findings(incident: Incident) -> list[Any]:
+    """The findings of the incident's diagnosis, as models (for the policy's hints)."""
+    from trainmedic.models import Finding
+
+    raw = ((incident.diagnosis.get("diagnosis") or {}).get("findings")) or []
+    return [Finding.model_validate(f) for f in raw]
+
+
+def _annotation(obj: Mapping[str, Any], name: str) -> str | None:
+    value = ((obj.get("metadata") or {}).get("annotations") or {}).get(name)
+    return str(value) if value is not None else None
+
+
+def _restart_result(obj: Mapping[str, Any]) -> dict[str, Any]:
+    meta = obj.get("metadata") or {}
+    return {
+        "workload": f"{obj.get('kind')}/{meta.get('namespace')}/{meta.get('name')}",
+        "uid": meta.get("uid"),
+        "resumed_from": _annotation(obj, "trainmedic.io/resumed-from"),
+        "excluded_nodes": [n for n in (_annotation(obj, "trainmedic.io/excluded-nodes") or "").split(",") if n],
+        "restarts": _annotation(obj, "trainmedic.io/restarts"),
+    }
+
+
+def _job_of(incident: Incident) -> JobRef | None:
+    if not incident.namespace or not incident.job:
+        return None
+    return JobRef(
+        namespace=incident.namespace,
+        name=incident.job,
+        kind=incident.job_kind or "Job",
+        api_version=incident.job_api_version or "batch/v1",
+    )

@@ -1,0 +1,582 @@
+"""The incident store: SQLite (embedded, WAL), one row per incident, its actions and its timeline.
+
+An incident is a diagnosed fault of one job (or node) that the responder handles: its diagnosis, the
+scene bundle, the policy's plan, each action with its state and result, approvals, and a timeline of
+what happened when. The store is also the responder's journal: an action's state is written
+*before* the cluster is changed (`deleting` before the workload is deleted, `creating` with the
+exact body before it is created), so an agent killed half way resumes from the journal instead of
+leaving a deleted job without a replacement.
+
+Durability: WAL with `synchronous=FULL`; a method returns only after its transaction committed, so
+what was acknowledged survives a crash. Several processes may open one file (the CLI approving a
+plan while the agent runs): each write is one short transaction with a busy timeout.
+
+Schema changes are migrations (`MIGRATIONS`, applied in order, recorded in
+`incident_schema_version`, so the policy state can share the file with its own table); a file
+written by a newer agent than this one is refused rather than misread.
+
+Incident ids are the diagnosis ids (derived from the job key and the first evidence event), so a
+diagnosis replayed after a crash lands on the same incident.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from trainmedic.errors import TrainmedicError
+
+
+class StoreError(TrainmedicError):
+    """The incident store cannot be used (unreadable file, newer schema, unknown incident)."""
+
+
+class IncidentStatus(StrEnum):
+    OPEN = "open"  # diagnosed, scene and plan in progress
+    OBSERVED = "observed"  # mode observe / dry-run: plan recorded, nothing changed
+    AWAITING_APPROVAL = "awaiting_approval"
+    REJECTED = "rejected"
+    ACTING = "acting"
+    RESOLVED = "resolved"  # every action done
+    BLOCKED = "blocked"  # budget, backoff or circuit breaker: a person must look
+    FAILED = "failed"  # an action failed for good
+
+
+TERMINAL = frozenset(
+    {
+        IncidentStatus.OBSERVED,
+        IncidentStatus.REJECTED,
+        IncidentStatus.RESOLVED,
+        IncidentStatus.BLOCKED,
+        IncidentStatus.FAILED,
+    }
+)
+
+
+class ActionState(StrEnum):
+    PLANNED = "planned"
+    RUNNING = "running"
+    DELETING = "deleting"  # restart: the original workload is being deleted (its spec is in the scene)
+    CREATING = "creating"  # restart: the replacement body is recorded and being created
+    DONE = "done"
+    SKIPPED = "skipped"
+    FAILED = "failed"
+
+
+UNFINISHED_ACTIONS = frozenset({ActionState.RUNNING, ActionState.DELETING, ActionState.CREATING})
+
+MIGRATIONS: tuple[str, ...] = (
+    # 1: incidents, actions, timeline, approvals
+    """
+    CREATE TABLE incidents (
+        id TEXT PRIMARY KEY,
+        key TEXT NOT NULL,
+        namespace TEXT, job TEXT, job_kind TEXT, job_api_version TEXT,
+        node TEXT, fault_class TEXT, code TEXT, chip TEXT,
+        status TEXT NOT NULL,
+        mode TEXT,
+        revision INTEGER NOT NULL DEFAULT 0,
+        created REAL NOT NULL, updated REAL NOT NULL,
+        diagnosis TEXT NOT NULL,
+        scene_dir TEXT,
+        plan TEXT,
+        fault_observed INTEGER NOT NULL DEFAULT 0,
+        source_topic TEXT, source_partition INTEGER
+    );
+    CREATE INDEX incidents_status ON incidents(status);
+    CREATE INDEX incidents_key ON incidents(key, created);
+    CREATE TABLE actions (
+        incident_id TEXT NOT NULL REFERENCES incidents(id),
+        seq INTEGER NOT NULL,
+        name TEXT NOT NULL,
+        state TEXT NOT NULL,
+        params TEXT NOT NULL,
+        result TEXT,
+        started REAL, finished REAL,
+        PRIMARY KEY (incident_id, seq)
+    );
+    CREATE TABLE timeline (
+        incident_id TEXT NOT NULL REFERENCES incidents(id),
+        t REAL NOT NULL,
+        kind TEXT NOT NULL,
+        detail TEXT NOT NULL
+    );
+    CREATE INDEX timeline_incident ON timeline(incident_id, t);
+    CREATE TABLE approvals (
+        incident_id TEXT PRIMARY KEY REFERENCES incidents(id),
+        decision TEXT NOT NULL,
+        by TEXT NOT NULL,
+        t REAL NOT NULL,
+        comment TEXT NOT NULL DEFAULT ''
+    );
+    """,
+)
+
+
+@dataclass
+class ActionRecord:
+    incident_id: str
+    seq: int
+    name: str
+    state: ActionState
+    params: dict[str, Any]
+    result: dict[str, Any] | None = None
+    started: float | None = None
+    finished: float | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "seq": self.seq,
+            "name": self.name,
+            "state": self.state.value,
+            "params": self.params,
+            "result": self.result,
+            "started": self.started,
+            "finished": self.finished,
+        }
+
+
+@dataclass
+class Incident:
+    id: str
+    key: str
+    status: IncidentStatus
+    created: float
+    updated: float
+    diagnosis: dict[str, Any]
+    namespace: str | None = None
+    job: str | None = None
+    job_kind: str | None = None
+    job_api_version: str | None = None
+    node: str | None = None
+    fault_class: str | None = None
+    code: str | None = None
+    chip: str | None = None
+    mode: str | None = None
+    revision: int = 0
+    scene_dir: str | None = None
+    plan: dict[str, Any] | None = None
+    fault_observed: bool = False
+    source_topic: str | None = None
+    source_partition: int | None = None
+    actions: list[ActionRecord] = field(default_factory=list)
+    approval: dict[str, Any] | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "key": self.key,
+            "status": self.status.value,
+            "namespace": self.namespace,
+            "job": self.job,
+            "job_kind": self.job_kind,
+            "node": self.node,
+            "fault_class": self.fault_class,
+            "code": self.code,
+            "chip": self.chip,
+            "mode": self.mode,
+            "revision": self.revision,
+            "created": self.created,
+            "updated": self.updated,
+            "scene_dir": self.scene_dir,
+            "plan": self.plan,
+            "actions": [a.as_dict() for a in self.actions],
+            "approval": self.approval,
+            "diagnosis": self.diagnosis,
+        }
+
+
+_INCIDENT_COLUMNS = (
+    "id, key, status, created, updated, diagnosis, namespace, job, job_kind, job_api_version, node, "
+    "fault_class, code, chip, mode, revision, scene_dir, plan, fault_observed, source_topic, source_partition"
+)
+
+
+class IncidentStore:
+    """Incidents in one SQLite file (`:memory:` for a throwaway store)."""
+
+    def __init__(self, path: str | Path, *, clock: Any = time.time) -> None:
+        self.path = str(path)
+        self.clock = clock
+        if self.path != ":memory:":
+            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self._db = sqlite3.connect(self.path, timeout=10.0, check_same_thread=False, isolation_level=None)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.execute("PRAGMA foreign_keys=ON")
+        except sqlite3.Error as e:
+            raise StoreError(f"incident store {self.path}: cannot open: {e}") from e
+        self._lock = threading.RLock()
+        self._migrate()
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    # -- plumbing -------------------------------------------------------------------------------------
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            try:
+                self._db.execute("BEGIN IMMEDIATE")
+            except sqlite3.Error as e:
+                raise StoreError(f"incident store {self.path}: {e}") from e
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            else:
+                self._db.execute("COMMIT")
+
+    def _migrate(self) -> None:
+        with self._tx() as db:
+            db.execute("CREATE TABLE IF NOT EXISTS incident_schema_version (version INTEGER NOT NULL)")
+            row = db.execute("SELECT MAX(version) FROM incident_schema_version").fetchone()
+            have = int(row[0] or 0)
+            if have > len(MIGRATIONS):
+                raise StoreError(
+                    f"incident store {self.path} has schema version {have}; this agent knows up to "
+                    f"{len(MIGRATIONS)} (it was written by a newer trainmedic)"
+                )
+            for version in range(have + 1, len(MIGRATIONS) + 1):
+                for statement in MIGRATIONS[version - 1].split(";"):
+                    if statement.strip():
+                        db.execute(statement)
+                db.execute("INSERT INTO incident_schema_version (version) VALUES (?)", (version,))
+
+    @property
+    def schema_version(self) -> int:
+        with self._lock:
+            return int(self._db.execute("SELECT MAX(version) FROM incident_schema_version").fetchone()[0] or 0)
+
+    # -- incidents ------------------------------------------------------------------------------------
+
+    def open_incident(
+        self,
+        incident_id: str,
+        *,
+        key: str,
+        diagnosis: Mapping[str, Any],
+        revision: int,
+        namespace: str | None = None,
+        job: str | None = None,
+        job_kind: str | None = None,
+        job_api_version: str | None = None,
+        node: str | None = None,
+        fault_class: str | None = None,
+        code: str | None = None,
+        chip: str | None = None,
+        source_topic: str | None = None,
+        source_partition: int | None = None,
+    ) -> tuple[Incident, bool]:
+        """Create the incident, or update its diagnosis when `revision` is newer. (incident, created)."""
+        now = self.clock()
+        with self._tx() as db:
+            row = db.execute("SELECT revision FROM incidents WHERE id = ?", (incident_id,)).fetchone()
+            created = row is None
+            if created:
+                db.execute(
+                    "INSERT INTO incidents (id, key, status, created, updated, diagnosis, namespace, job, job_kind, "
+                    "job_api_version, node, fault_class, code, chip, revision, source_topic, source_partition) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        incident_id,
+                        key,
+                        IncidentStatus.OPEN.value,
+                        now,
+                        now,
+                        json.dumps(diagnosis, ensure_ascii=False),
+                        namespace,
+                        job,
+                        job_kind,
+                        job_api_version,
+                        node,
+                        fault_class,
+                        code,
+                        chip,
+                        revision,
+                        source_topic,
+                        source_partition,
+                    ),
+                )
+                self._event(db, incident_id, now, "detected", {"revision": revision, "fault_class": fault_class})
+            elif revision > int(row[0]):
+                db.execute(
+                    "UPDATE incidents SET diagnosis = ?, revision = ?, node = ?, fault_class = ?, code = ?, chip = ?, "
+                    "updated = ? WHERE id = ?",
+                    (
+                        json.dumps(diagnosis, ensure_ascii=False),
+                        revision,
+                        node,
+                        fault_class,
+                        code,
+                        chip,
+                        now,
+                        incident_id,
+                    ),
+                )
+                self._event(
+                    db, incident_id, now, "diagnosis_revised", {"revision": revision, "fault_class": fault_class}
+                )
+        return self.get(incident_id), created
+
+    def get(self, incident_id: str) -> Incident:
+        incident = self.find(incident_id)
+        if incident is None:
+            raise StoreError(f"no incident {incident_id!r}")
+        return incident
+
+    def find(self, incident_id: str) -> Incident | None:
+        with self._lock:
+            row = self._db.execute(f"SELECT {_INCIDENT_COLUMNS} FROM incidents WHERE id = ?", (incident_id,)).fetchone()
+            if row is None and len(incident_id) >= 4:
+                rows = self._db.execute(
+                    f"SELECT {_INCIDENT_COLUMNS} FROM incidents WHERE id LIKE ? LIMIT 2",
+                    (incident_id + "%",),
+                ).fetchall()
+                row = rows[0] if len(rows) == 1 else None
+            if row is None:
+                return None
+            incident = self._incident(row)
+            incident.actions = self._actions(incident.id)
+            arow = self._db.execute(
+                "SELECT decision, by, t, comment FROM approvals WHERE incident_id = ?", (incident.id,)
+            ).fetchone()
+            if arow is not None:
+                incident.approval = {"decision": arow[0], "by": arow[1], "t": arow[2], "comment": arow[3]}
+            return incident
+
+    def recent(self, *, status: str | None = None, limit: int = 100) -> list[Incident]:
+        with self._lock:
+            if status:
+                rows = self._db.execute(
+                    f"SELECT {_INCIDENT_COLUMNS} FROM incidents WHERE status = ? ORDER BY created DESC LIMIT ?",
+                    (status, limit),
+                ).fetchall()
+            else:
+                rows = self._db.execute(
+                    f"SELECT {_INCIDENT_COLUMNS} FROM incidents ORDER BY created DESC LIMIT ?",
+                    (limit,),
+                ).fetchall()
+            out = [self._incident(r) for r in rows]
+            for inc in out:
+                inc.actions = self._actions(inc.id)
+            return out
+
+    def unfinished(self) -> list[Incident]:
+        """Incidents the responder must carry on with: acting (an action was interrupted) or approved."""
+        with self._lock:
+            rows = self._db.execute(
+                f"SELECT {_INCIDENT_COLUMNS} FROM incidents WHERE status IN (?, ?) ORDER BY created",
+                (IncidentStatus.ACTING.value, IncidentStatus.OPEN.value),
+            ).fetchall()
+            out = [self._incident(r) for r in rows]
+        for inc in out:
+            inc.actions = self._actions(inc.id)
+        return out
+
+    def set_status(self, incident_id: str, status: IncidentStatus, detail: Mapping[str, Any] | None = None) -> None:
+        now = self.clock()
+        with self._tx() as db:
+            db.execute("UPDATE incidents SET status = ?, updated = ? WHERE id = ?", (status.value, now, incident_id))
+            self._event(db, incident_id, now, f"status:{status.value}", dict(detail or {}))
+
+    def set_scene(self, incident_id: str, scene_dir: str, detail: Mapping[str, Any] | None = None) -> None:
+        now = self.clock()
+        with self._tx() as db:
+            db.execute("UPDATE incidents SET scene_dir = ?, updated = ? WHERE id = ?", (scene_dir, now, incident_id))
+            self._event(db, incident_id, now, "scene_saved", dict(detail or {}, scene_dir=scene_dir))
+
+    def mark_fault_observed(self, incident_id: str) -> bool:
+        """Record that the policy counted this incident's fault; False when it already had."""
+        with self._tx() as db:
+            cur = db.execute(
+                "UPDATE incidents SET fault_observed = 1 WHERE id = ? AND fault_observed = 0", (incident_id,)
+            )
+            return cur.rowcount == 1
+
+    def set_plan(
+        self,
+        incident_id: str,
+        plan: Mapping[str, Any],
+        mode: str,
+        actions: list[tuple[str, dict[str, Any]]],
+    ) -> None:
+        """Record the plan and its actions (state planned). A plan already recorded is kept: a replayed
+        diagnosis must not re-plan an incident half way through its actions."""
+        now = self.clock()
+        with self._tx() as db:
+            row = db.execute("SELECT plan FROM incidents WHERE id = ?", (incident_id,)).fetchone()
+            if row is None:
+                raise StoreError(f"no incident {incident_id!r}")
+            if row[0] is not None:
+                return
+            db.execute(
+                "UPDATE incidents SET plan = ?, mode = ?, updated = ? WHERE id = ?",
+                (json.dumps(plan, ensure_ascii=False), mode, now, incident_id),
+            )
+            for seq, (name, params) in enumerate(actions):
+                db.execute(
+                    "INSERT INTO actions (incident_id, seq, name, state, params) VALUES (?, ?, ?, ?, ?)",
+                    (incident_id, seq, name, ActionState.PLANNED.value, json.dumps(params, ensure_ascii=False)),
+                )
+            self._event(db, incident_id, now, "planned", {"mode": mode, "actions": [a for a, _ in actions]})
+
+    def update_action(
+        self,
+        incident_id: str,
+        seq: int,
+        state: ActionState,
+        *,
+        params: Mapping[str, Any] | None = None,
+        result: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Move an action to `state` (journal first: called before the cluster is changed)."""
+        now = self.clock()
+        with self._tx() as db:
+            row = db.execute(
+                "SELECT name, started FROM actions WHERE incident_id = ? AND seq = ?", (incident_id, seq)
+            ).fetchone()
+            if row is None:
+                raise StoreError(f"no action {seq} in incident {incident_id!r}")
+            sets = ["state = ?"]
+            values: list[Any] = [state.value]
+            if params is not None:
+                sets.append("params = ?")
+                values.append(json.dumps(params, ensure_ascii=False))
+            if result is not None:
+                sets.append("result = ?")
+                values.append(json.dumps(result, ensure_ascii=False))
+            if row[1] is None and state is not ActionState.PLANNED:
+                sets.append("started = ?")
+                values.append(now)
+            if state in (ActionState.DONE, ActionState.FAILED, ActionState.SKIPPED):
+                sets.append("finished = ?")
+                values.append(now)
+            db.execute(
+                f"UPDATE actions SET {', '.join(sets)} WHERE incident_id = ? AND seq = ?",
+                (*values, incident_id, seq),
+            )
+            db.execute("UPDATE incidents SET updated = ? WHERE id = ?", (now, incident_id))
+            self._event(db, incident_id, now, f"action:{row[0]}:{state.value}", dict(result or {}) if result else {})
+
+    def approve(self, incident_id: str, *, by: str, approve: bool = True, comment: str = "") -> Incident:
+        """A person's decision on a plan awaiting approval. Deciding twice keeps the first decision."""
+        incident = self.get(incident_id)
+        if incident.status is not IncidentStatus.AWAITING_APPROVAL:
+            raise StoreError(f"incident {incident.id} is {incident.status.value}, not awaiting approval")
+        now = self.clock()
+        decision = "approved" if approve else "rejected"
+        with self._tx() as db:
+            db.execute(
+                "INSERT OR IGNORE INTO approvals (incident_id, decision, by, t, comment) VALUES (?, ?, ?, ?, ?)",
+                (incident.id, decision, by, now, comment),
+            )
+            status = IncidentStatus.ACTING if approve else IncidentStatus.REJECTED
+            db.execute(
+                "UPDATE incidents SET status = ?, updated = ? WHERE id = ? AND status = ?",
+                (status.value, now, incident.id, IncidentStatus.AWAITING_APPROVAL.value),
+            )
+            self._event(db, incident.id, now, decision, {"by": by, "comment": comment})
+        return self.get(incident.id)
+
+    def timeline(self, incident_id: str) -> list[dict[str, Any]]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT t, kind, detail FROM timeline WHERE incident_id = ? ORDER BY t, rowid", (incident_id,)
+            ).fetchall()
+        return [{"t": r[0], "kind": r[1], "detail": json.loads(r[2])} for r in rows]
+
+    def note(self, incident_id: str, kind: str, detail: Mapping[str, Any] | None = None) -> None:
+        now = self.clock()
+        with self._tx() as db:
+            self._event(db, incident_id, now, kind, dict(detail or {}))
+
+    # -- rows -----------------------------------------------------------------------------------------
+
+    @staticmethod
+    def _event(db: sqlite3.Connection, incident_id: str, t: float, kind: str, detail: Mapping[str, Any]) -> None:
+        db.execute(
+            "INSERT INTO timeline (incident_id, t, kind, detail) VALUES (?, ?, ?, ?)",
+            (incident_id, t, kind, json.dumps(detail, ensure_ascii=False, default=str)),
+        )
+
+    @staticmethod
+    def _incident(row: tuple[Any, ...]) -> Incident:
+        (
+            iid,
+            key,
+            status,
+            created,
+            updated,
+            diagnosis,
+            namespace,
+            job,
+            job_kind,
+            job_api_version,
+            node,
+            fault_class,
+            code,
+            chip,
+            mode,
+            revision,
+            scene_dir,
+            plan,
+            fault_observed,
+            source_topic,
+            source_partition,
+        ) = row
+        return Incident(
+            id=iid,
+            key=key,
+            status=IncidentStatus(status),
+            created=created,
+            updated=updated,
+            diagnosis=json.loads(diagnosis),
+            namespace=namespace,
+            job=job,
+            job_kind=job_kind,
+            job_api_version=job_api_version,
+            node=node,
+            fault_class=fault_class,
+            code=code,
+            chip=chip,
+            mode=mode,
+            revision=revision,
+            scene_dir=scene_dir,
+            plan=json.loads(plan) if plan else None,
+            fault_observed=bool(fault_observed),
+            source_topic=source_topic,
+            source_partition=source_partition,
+        )
+
+    def _actions(self, incident_id: str) -> list[ActionRecord]:
+        rows = self._db.execute(
+            "SELECT seq, name, state, params, result, started, finished FROM actions "
+            "WHERE incident_id = ? ORDER BY seq",
+            (incident_id,),
+        ).fetchall()
+        return [
+            ActionRecord(
+                incident_id=incident_id,
+                seq=r[0],
+                name=r[1],
+                state=ActionState(r[2]),
+                params=json.loads(r[3]),
+                result=json.loads(r[4]) if r[4] else None,
+                started=r[5],
+                finished=r[6],
+            )
+            for r in rows
+        ]

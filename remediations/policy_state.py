@@ -1,0 +1,198 @@
+"""What the policy remembers between incidents: restarts, quarantines, fault occurrences.
+
+Budgets, backoff, escalation and the circuit breaker are all questions about recent history
+("how many restarts of this job in the last hour?"), so the policy keeps one kind of record: an
+event `(kind, key, t)`. The policy itself stays pure; the state is passed in.
+
+`MemoryPolicyState` is for tests and the embedded single-process mode. `SqlitePolicyState` keeps
+the history in a SQLite file (WAL journal) so it survives restarts of the agent and two processes
+(e.g. an old and a new brain during a rollout) can open the same file and see each other's
+records. Events older than the retention (30 days, more than any policy window may span) are
+pruned when the file is opened.
+"""
+
+from __future__ import annotations
+
+import bisect
+import sqlite3
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+from trainmedic.errors import TrainmedicError
+
+RETENTION_S = 30 * 86400.0
+
+# Each entry moves the schema one version up; applied in order, never edited once released.
+MIGRATIONS: list[str] = [
+    """
+    CREATE TABLE policy_events (
+        kind TEXT NOT NULL,
+        key TEXT NOT NULL,
+        t REAL NOT NULL
+    );
+    CREATE INDEX policy_events_kind_key_t ON policy_events (kind, key, t);
+    CREATE INDEX policy_events_t ON policy_events (t);
+    """,
+]
+
+
+class PolicyStateError(TrainmedicError):
+    """The policy state file cannot be used (unreadable, not SQLite, from a newer version)."""
+
+
+@runtime_checkable
+class PolicyState(Protocol):
+    """Recent history the policy consults. Times are seconds (epoch or any one monotonic clock)."""
+
+    def record(self, kind: str, key: str, t: float) -> None: ...
+
+    def count(self, kind: str, key: str, since: float) -> int:
+        """How many `(kind, key)` events happened at `t >= since`."""
+        ...
+
+    def times(self, kind: str, key: str, since: float) -> list[float]:
+        """The times of the `(kind, key)` events at `t >= since`, oldest first."""
+        ...
+
+
+class MemoryPolicyState:
+    """In-process history (tests, the embedded mode). Thread-safe."""
+
+    def __init__(self) -> None:
+        self._events: defaultdict[tuple[str, str], list[float]] = defaultdict(list)
+        self._lock = threading.Lock()
+
+    def record(self, kind: str, key: str, t: float) -> None:
+        with self._lock:
+            bisect.insort(self._events[(kind, key)], float(t))
+
+    def count(self, kind: str, key: str, since: float) -> int:
+        return len(self.times(kind, key, since))
+
+    def times(self, kind: str, key: str, since: float) -> list[float]:
+        with self._lock:
+            events = self._events.get((kind, key), [])
+            return events[bisect.bisect_left(events, since) :]
+
+    def prune(self, before: float) -> int:
+        """Forget events older than `before`; returns how many were dropped."""
+        dropped = 0
+        with self._lock:
+            for k in list(self._events):
+                events = self._events[k]
+                cut = bisect.bisect_left(events, before)
+                dropped += cut
+                if cut == len(events):
+                    del self._events[k]
+                else:
+                    del events[:cut]
+        return dropped
+
+
+class SqlitePolicyState:
+    """History in a SQLite file: survives restarts, shared safely between processes.
+
+    One connection per instance, usable from any thread (guarded by a lock); WAL journal and a
+    busy timeout let a second process read and write the same file concurrently.
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        now: float | None = None,
+        retention_s: float = RETENTION_S,
+        busy_timeout_s: float = 10.0,
+    ) -> None:
+        self.path = Path(path)
+        self._lock = threading.Lock()
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._conn = sqlite3.connect(
+                str(self.path), timeout=busy_timeout_s, check_same_thread=False, isolation_level=None
+            )
+        except (OSError, sqlite3.Error) as exc:
+            raise PolicyStateError(f"{self.path}: cannot open the policy state: {exc}") from exc
+        try:
+            self._conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
+            self._conn.execute("PRAGMA journal_mode = WAL")
+            self._conn.execute("PRAGMA synchronous = NORMAL")
+            self._migrate()
+            cutoff = (time.time() if now is None else now) - retention_s
+            with self._lock:
+                self._conn.execute("DELETE FROM policy_events WHERE t < ?", (cutoff,))
+        except PolicyStateError:
+            self._conn.close()
+            raise
+        except sqlite3.DatabaseError as exc:
+            self._conn.close()
+            raise PolicyStateError(f"{self.path}: not a usable policy state file: {exc}") from exc
+
+    def _migrate(self) -> None:
+        with self._lock:
+            # BEGIN IMMEDIATE takes the write lock first, so two processes opening a new file at
+            # once cannot both apply the same migration.
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                self._conn.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
+                row = self._conn.execute("SELECT max(version) FROM schema_version").fetchone()
+                current = int(row[0]) if row and row[0] is not None else 0
+                if current > len(MIGRATIONS):
+                    raise PolicyStateError(
+                        f"{self.path}: schema version {current} is newer than this trainmedic knows "
+                        f"({len(MIGRATIONS)}); upgrade trainmedic or use another file"
+                    )
+                for version in range(current + 1, len(MIGRATIONS) + 1):
+                    for statement in MIGRATIONS[version - 1].split(";"):
+                        if statement.strip():
+                            self._conn.execute(statement)
+                    self._conn.execute("INSERT INTO schema_version (version) VALUES (?)", (version,))
+                self._conn.execute("COMMIT")
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+
+    @property
+    def schema_version(self) -> int:
+        with self._lock:
+            row = self._conn.execute("SELECT max(version) FROM schema_version").fetchone()
+        return int(row[0]) if row and row[0] is not None else 0
+
+    def record(self, kind: str, key: str, t: float) -> None:
+        with self._lock:
+            self._conn.execute("INSERT INTO policy_events (kind, key, t) VALUES (?, ?, ?)", (kind, key, float(t)))
+
+    def count(self, kind: str, key: str, since: float) -> int:
+        with self._lock:
+            row = self._conn.execute(
+                "SELECT count(*) FROM policy_events WHERE kind = ? AND key = ? AND t >= ?", (kind, key, since)
+            ).fetchone()
+        return int(row[0])
+
+    def times(self, kind: str, key: str, since: float) -> list[float]:
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT t FROM policy_events WHERE kind = ? AND key = ? AND t >= ? ORDER BY t", (kind, key, since)
+            ).fetchall()
+        return [float(r[0]) for r in rows]
+
+    def prune(self, before: float) -> int:
+        with self._lock:
+            cur = self._conn.execute("DELETE FROM policy_events WHERE t < ?", (before,))
+        return int(cur.rowcount)
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    def __enter__(self) -> SqlitePolicyState:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+__all__ = ["MIGRATIONS", "RETENTION_S", "MemoryPolicyState", "PolicyState", "PolicyStateError", "SqlitePolicyState"]
