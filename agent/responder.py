@@ -38,10 +38,12 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
+import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -315,6 +317,22 @@ class Responder:
         await self._unprotect(incident.key)
         incident = self.store.get(incident.id)
 
+        stale = _stale(workload, incident.id, d)
+        if stale is not None:
+            # The evidence is older than the workload's current incarnation (a log or kernel line
+            # re-read after an agent restart, about the job trainmedic already recreated).
+            self.store.note(incident.id, "stale", {"recreated_at": stale})
+            self.store.set_status(incident.id, IncidentStatus.OBSERVED, {"stale": True})
+            incident = self.store.get(incident.id)
+            log.info(
+                "incident %s for %s: its evidence predates the job's recreation at %s; no action",
+                incident.id,
+                incident.key,
+                stale,
+            )
+            self._finish(incident)
+            await self._publish(incident, rc)
+            return incident
         ctx = await self._context(incident, rc, workload)
         if self.store.mark_fault_observed(incident.id):
             self.policy.observe_fault(rc, ctx, self.policy_state, incident_id=incident.id)
@@ -329,6 +347,17 @@ class Responder:
         status = self._status_for(plan)
         self.store.set_status(incident.id, status, {"mode": plan.mode.value})
         incident = self.store.get(incident.id)
+        log.info(
+            "incident %s for %s: %s %s on %s, mode %s, plan %s: %s",
+            incident.id,
+            incident.key,
+            rc.fault_class.value,
+            rc.code,
+            rc.node or "?",
+            plan.mode.value,
+            ", ".join(a.name.value for a in plan.actions) or "nothing",
+            status.value,
+        )
         if status is not IncidentStatus.ACTING:
             self._finish(incident)
         await self._publish(incident, rc, hints=plan.hints)
@@ -747,6 +776,23 @@ def incident_findings(incident: Incident) -> list[Any]:
 
     raw = ((incident.diagnosis.get("diagnosis") or {}).get("findings")) or []
     return [Finding.model_validate(f) for f in raw]
+
+
+def _stale(workload: Mapping[str, Any] | None, incident_id: str, d: DiagnosisEvent) -> str | None:
+    """When trainmedic recreated `workload` after every piece of the diagnosis's evidence was
+    observed, the recreation time (RFC3339); else None."""
+    if workload is None or _annotation(workload, "trainmedic.io/incident") in (None, incident_id):
+        return None
+    try:
+        lineage = json.loads(_annotation(workload, "trainmedic.io/lineage") or "[]")
+        recreated = str(lineage[-1]["time"])
+        at = datetime.fromisoformat(recreated.replace("Z", "+00:00")).timestamp()
+    except (ValueError, KeyError, IndexError, TypeError):
+        return None
+    seen = [f.timestamp for f in d.diagnosis.findings if f.timestamp is not None]
+    if seen and max(seen) < at:
+        return recreated
+    return None
 
 
 def _annotation(obj: Mapping[str, Any], name: str) -> str | None:

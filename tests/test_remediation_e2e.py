@@ -11,6 +11,7 @@ restart); the circuit breaker; dry-run and approve.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import time
 import uuid
@@ -163,7 +164,7 @@ def obj(env: Env, resource: str, name: str) -> dict[str, Any] | None:
     return next((o for o in env.kube.objects(resource) if o["metadata"]["name"] == name), None)
 
 
-def annotations(o: dict[str, Any] | None) -> dict[str, str]:
+def annots(o: dict[str, Any] | None) -> dict[str, str]:
     return dict(((o or {}).get("metadata") or {}).get("annotations") or {})
 
 
@@ -222,7 +223,7 @@ async def kernel_line(run: Running, node: str, job: dict[str, Any], line: str) -
 
 async def followed(env: Env, pods: list[dict[str, Any]]) -> None:
     for p in pods:
-        await until("the agent following the pod's log", lambda p=p: env.cluster.open_log_streams(p) > 0)
+        await until("the agent following the pod's log", functools.partial(env.cluster.open_log_streams, p))
 
 
 def api_server_stamps(env: Env, resource: str, o: dict[str, Any]) -> dict[str, Any]:
@@ -281,7 +282,7 @@ async def test_xid79_quarantines_the_node_and_resumes_the_job_elsewhere(env: Env
     # The node is quarantined: cordoned, tainted, labelled, annotated with the incident, condition set.
     node = obj(env, NODE, "gpu-2")
     assert node is not None and node_quarantined(env, "gpu-2")
-    assert annotations(node)["trainmedic.io/incident"] == incident_id
+    assert annots(node)["trainmedic.io/incident"] == incident_id
     assert node["metadata"]["labels"]["trainmedic.io/quarantined"] == "true"
     cond = {c["type"]: c for c in node["status"]["conditions"]}["TrainmedicUnhealthy"]
     assert cond["status"] == "True"
@@ -290,7 +291,7 @@ async def test_xid79_quarantines_the_node_and_resumes_the_job_elsewhere(env: Env
     # The job is recreated under its name, resuming from the last complete checkpoint, off gpu-2.
     new = obj(env, JOB, "llama")
     assert new is not None and new["metadata"].get("uid") != old_uid
-    ann = annotations(new)
+    ann = annots(new)
     assert ann["trainmedic.io/incident"] == incident_id
     assert ann["trainmedic.io/resumed-from"] == str(ckpt / "checkpoint-1000")
     assert json.loads(ann["trainmedic.io/lineage"])[-1]["uid"] == old_uid
@@ -322,16 +323,14 @@ async def test_repeated_hccl_init_failure_isolates_the_ascend_node(env: Env) -> 
         await c.add_node(n, ascend=8, labels={"node.kubernetes.io/instance-type": "atlas800"})
     ckpt = env.tmp / "ckpt"
     write_hf_checkpoints(ckpt, 200)
-    policy = policy_file(
-        env, budgets__backoff__base="1s", budgets__restarts__max=5, circuit_breaker__max_share=0.5
-    )
+    policy = policy_file(env, budgets__backoff__base="1s", budgets__restarts__max=5, circuit_breaker__max_share=0.5)
     run = await start_agent(env, settings(env, policy=policy))
     try:
         job, pods = await training_job(env, "pangu", ["npu-1", "npu-2"], ckpt=ckpt)
         for attempt in range(1, 4):
             await followed(env, pods)
             c.write_log(pods[1], "trainer", HCCL)  # rank 1 on npu-2 fails to build the communicator
-            await until(f"incident {attempt}", lambda n=attempt: terminal(run, n))
+            await until(f"incident {attempt}", functools.partial(terminal, run, attempt))
             latest = obj(env, JOB, "pangu")
             assert latest is not None and latest["metadata"].get("uid") != job["metadata"]["uid"]
             job = api_server_stamps(env, JOB, latest)
@@ -349,8 +348,9 @@ async def test_repeated_hccl_init_failure_isolates_the_ascend_node(env: Env) -> 
     assert statuses == [IncidentStatus.RESOLVED] * 3
     store = run.store
     plans = [store.get(i).plan for i in run.responder.handled]
-    assert [p["escalated"] for p in plans] == [False, False, True]
-    assert "npu-2" in affinity_excludes(obj(env, JOB, "pangu") or {})
+    assert [(p or {}).get("escalated") for p in plans] == [False, False, True]
+    final = obj(env, JOB, "pangu")
+    assert final is not None and "npu-2" in affinity_excludes(final)
 
 
 def affinity_excludes_or_empty(job: dict[str, Any]) -> set[str]:
@@ -368,7 +368,9 @@ async def test_gpu_oom_notifies_with_hints_and_changes_nothing(env: Env) -> None
     try:
         job, pods = await training_job(env, "sft", ["gpu-1"], ckpt=None)
         await followed(env, pods)
-        c.write_log(pods[0], "trainer", "[2025-01-01 10:00:00,000] [INFO] [config.py:1000] DeepSpeed info: zero_stage=2")
+        c.write_log(
+            pods[0], "trainer", "[2025-01-01 10:00:00,000] [INFO] [config.py:1000] DeepSpeed info: zero_stage=2"
+        )
         c.write_log(pods[0], "trainer", CUDA_OOM)
         [(incident_id, status)] = await until("the incident", lambda: terminal(run))
     finally:
@@ -425,7 +427,7 @@ async def test_hang_captures_stacks_then_restarts_from_checkpoint(env: Env) -> N
     write_hf_checkpoints(ckpt, 300)
     run = await start_agent(env, settings(env, hang_floor_s=2.0, hang_factor=3.0))
     try:
-        job, pods = await training_job(env, "stuck", ["gpu-1", "gpu-2"], ckpt=ckpt)
+        _, pods = await training_job(env, "stuck", ["gpu-1", "gpu-2"], ckpt=ckpt)
         await followed(env, pods)
         for step in range(4, 30):  # steady progress, then silence while the pods keep running
             for p in pods:
@@ -440,12 +442,10 @@ async def test_hang_captures_stacks_then_restarts_from_checkpoint(env: Env) -> N
     stacks = sorted(p.name for p in (scene / "stacks").iterdir())
     assert stacks == sorted(f"{p['metadata']['name']}.txt" for p in pods)
     assert any("Thread" in (scene / "stacks" / s).read_text() for s in stacks)
-    # The stacks were taken before the job was deleted.
-    first_exec = min(r["t"] for r in c.exec_requests) if c.exec_requests and "t" in c.exec_requests[0] else None
-    del first_exec
+    assert c.exec_requests, "the stacks came through pods/exec"
     new = obj(env, JOB, "stuck")
-    assert new is not None and annotations(new)["trainmedic.io/incident"] == incident_id
-    assert annotations(new)["trainmedic.io/resumed-from"] == str(ckpt / "checkpoint-300")
+    assert new is not None and annots(new)["trainmedic.io/incident"] == incident_id
+    assert annots(new)["trainmedic.io/resumed-from"] == str(ckpt / "checkpoint-300")
 
 
 @pytest.mark.asyncio
@@ -464,7 +464,7 @@ async def test_circuit_breaker_trips_at_the_share_and_pages(env: Env) -> None:
             jobs.append((job, n))
         for job, n in jobs:
             await kernel_line(run, n, job, XID79)
-            await until(f"the incident on {n}", lambda k=len(run.responder.handled) + 1: terminal(run, k))
+            await until(f"the incident on {n}", functools.partial(terminal, run, len(run.responder.handled) + 1))
     finally:
         await run.stop()
     statuses = list(run.responder.handled.values())
@@ -489,14 +489,10 @@ async def test_dry_run_and_approve_change_nothing_until_approved(env: Env, mode:
         await kernel_line(run, "gpu-2", job, XID79)
         incident_id = await until(
             "the plan",
-            lambda: next(
-                (i.id for i in run.store.recent() if i.status is not IncidentStatus.OPEN and i.plan), None
-            ),
+            lambda: next((i.id for i in run.store.recent() if i.status is not IncidentStatus.OPEN and i.plan), None),
         )
         incident = run.store.get(incident_id)
-        assert [a.name for a in incident.actions] == ["quarantine_node", "restart_from_checkpoint", "notify"] or [
-            a.name for a in incident.actions
-        ][:2] == ["quarantine_node", "restart_from_checkpoint"]
+        assert [a.name for a in incident.actions][:2] == ["quarantine_node", "restart_from_checkpoint"]
         await asyncio.sleep(1.0)
         assert not node_quarantined(env, "gpu-2")
         assert obj(env, JOB, "llama")["metadata"]["uid"] == job["metadata"]["uid"]  # type: ignore[index]
@@ -508,7 +504,7 @@ async def test_dry_run_and_approve_change_nothing_until_approved(env: Env, mode:
         await until("the approved plan carried out", lambda: node_quarantined(env, "gpu-2"))
         await until(
             "the job recreated",
-            lambda: annotations(obj(env, JOB, "llama")).get("trainmedic.io/incident") == incident_id,
+            lambda: annots(obj(env, JOB, "llama")).get("trainmedic.io/incident") == incident_id,
         )
     finally:
         await run.stop()
@@ -527,12 +523,41 @@ async def test_volcano_job_is_recreated_with_its_gang_settings(env: Env) -> None
             await c.bind(p, n)
             await c.start(p)
         await followed(env, pods)
-        await kernel_line(run, "npu-2", vcjob, XID79.replace("79", "79"))
+        await kernel_line(run, "npu-2", vcjob, XID79)
         [(incident_id, status)] = await until("the incident", lambda: terminal(run))
     finally:
         await run.stop()
     assert status is IncidentStatus.RESOLVED
     new = obj(env, VOLCANO_JOB, "mindspore")
-    assert new is not None and annotations(new)["trainmedic.io/incident"] == incident_id
+    assert new is not None and annots(new)["trainmedic.io/incident"] == incident_id
     assert new["spec"]["minAvailable"] == 2 and new["spec"]["queue"] == "default"
     assert new["spec"]["plugins"] == vcjob["spec"]["plugins"]
+
+
+@pytest.mark.asyncio
+async def test_evidence_older_than_the_recreated_job_is_not_acted_on_again(env: Env) -> None:
+    """A kernel line re-read after an agent restart (old timestamp) about a job trainmedic already
+    recreated: a new incident is recorded, the job is not restarted a second time."""
+    c = env.cluster
+    for n in ("gpu-1", "gpu-2", "gpu-3"):
+        await c.add_node(n, gpus=8)
+    run = await start_agent(env, settings(env, policy=policy_file(env, circuit_breaker__max_share=0.5)))
+    try:
+        job, pods = await training_job(env, "llama", ["gpu-1", "gpu-2"], ckpt=None)
+        await followed(env, pods)
+        seen_at = time.time() - 120
+        meta = job["metadata"]
+        ref = JobRef(namespace=meta["namespace"], name=meta["name"], kind="Job", api_version="batch/v1")
+        old = KernelBatch(node="gpu-2", job=ref, source="kmsg", lines=[XID79], times=[seen_at])
+        await run.agent.bus.publish(Topic.KERNEL, make_event(old, producer="node/gpu-2", at=seen_at))
+        await until("the first incident", lambda: terminal(run))
+        recreated = annots(obj(env, JOB, "llama"))["trainmedic.io/incident"]
+        again = KernelBatch(node="gpu-2", job=ref, source="kmsg", lines=[XID79], times=[seen_at])
+        await run.agent.bus.publish(Topic.KERNEL, make_event(again, producer="node/gpu-2", at=seen_at))
+        await until("the second incident", lambda: terminal(run, 2))
+    finally:
+        await run.stop()
+    assert list(run.responder.handled.values()) == [IncidentStatus.RESOLVED, IncidentStatus.OBSERVED]
+    assert annots(obj(env, JOB, "llama"))["trainmedic.io/incident"] == recreated
+    second = run.store.get(list(run.responder.handled)[1])
+    assert "stale" in [e["kind"] for e in run.store.timeline(second.id)]

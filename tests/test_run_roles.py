@@ -107,6 +107,25 @@ def _kubeconfig(path: Path, url: str) -> Path:
     return path
 
 
+async def _has_open(pid: int, path: Path, timeout: float = 60.0) -> None:
+    """Wait until process `pid` holds `path` open (/proc/<pid>/fd)."""
+    deadline = time.monotonic() + timeout
+    target = str(path.resolve())
+    while time.monotonic() < deadline:
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            fds = []
+        for fd in fds:
+            try:
+                if os.readlink(f"/proc/{pid}/fd/{fd}") == target:
+                    return
+            except OSError:
+                continue
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"process {pid} never opened {path}")
+
+
 def _config(path: Path, settings: dict[str, Any]) -> Path:
     path.write_text(yaml.safe_dump(settings))
     return path
@@ -146,6 +165,7 @@ def _base_settings(tmp: Path, kubeconfig: Path) -> dict[str, Any]:
         "kernel": {"source": "file", "path": str(tmp / "kern.log"), "position_store": None},
         "metrics": {"nvml": False},
         "detect": {"window_s": 3},
+        "remediate": {"store": str(tmp / "trainmedic.db"), "scene_dir": str(tmp / "scenes"), "log_lines": 1000},
     }
 
 
@@ -172,6 +192,9 @@ async def test_role_all_from_a_config_file(tmp_path: Path, cluster: tuple[KubeEm
         line = await agent.wait_message("device_error xid:79 on gpu-node-a")
         assert "for job:train/llama" in line
         await agent.wait_message("(final)")
+        # The shipped policy is dry-run: the plan is recorded, nothing is changed.
+        assert "observed" in await agent.wait_message("incident ")
+        assert not any((n.get("spec") or {}).get("unschedulable") for n in kube.objects("v1/nodes"))
         # A pod killed for memory is seen through the API (the test plays kubelet).
         await c.terminate(pods[0], "trainer", reason="OOMKilled", exit_code=137, restart=True)
         await agent.wait_message("host_oom")
@@ -224,3 +247,75 @@ async def test_node_cluster_brain_roles_over_kafka(tmp_path: Path, cluster: tupl
             codes = [await p.stop() for p in reversed(procs)]
     assert codes == [0, 0, 0], [p.messages()[-10:] for p in procs]
     assert cluster_role.records
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(180)
+async def test_agent_killed_between_delete_and_create_recreates_the_job_exactly_once(
+    tmp_path: Path, cluster: tuple[KubeEmulator, Cluster]
+) -> None:
+    """SIGKILL while the agent's DELETE of the job is in flight (the API server completes it): the
+    restarted agent finds `deleting` in its journal and creates the replacement, once."""
+    import kmock
+
+    kube, c = cluster
+    await _training_job(c)
+    ckpt = tmp_path / "ckpt" / "checkpoint-400"
+    ckpt.mkdir(parents=True)
+    (ckpt / "trainer_state.json").write_text('{"global_step": 400}')
+    (ckpt / "pytorch_model.bin").write_bytes(b"\x01" * 1024)
+    await c.patch(
+        "batch/v1/jobs",
+        "train",
+        "llama",
+        {"metadata": {"annotations": {"trainmedic.io/checkpoint-dir": str(ckpt.parent)}}},
+    )
+    policy = yaml.safe_load((ROOT / "remediations" / "policy.yaml").read_text())
+    policy["circuit_breaker"]["max_share"] = 0.5
+    (tmp_path / "policy.yaml").write_text(yaml.safe_dump(policy))
+    (tmp_path / "kern.log").write_text("")
+    (tmp_path / "pods").mkdir()
+    settings = _base_settings(tmp_path, _kubeconfig(tmp_path / "kubeconfig", kube.url))
+    settings["detect"] = {"window_s": 1}
+    settings["remediate"].update(mode="enforce", policy=str(tmp_path / "policy.yaml"), wait_gone_s=10)
+    config = _config(tmp_path / "trainmedic.yaml", settings)
+
+    first = AgentProcess("all", config, "all", "gpu-node-a")
+    killed: list[float] = []
+
+    def kill_on_delete(_request: Any) -> None:
+        if not killed and first.proc is not None:
+            os.kill(first.proc.pid, signal.SIGKILL)
+            killed.append(time.time())
+        # None: kmock records the request and goes on serving it, so the deletion happens.
+
+    kube.handler[kmock.action.DELETE, kmock.resource("batch/v1/jobs")] << kill_on_delete
+    await first.start()
+    await first.wait_message("trainmedic all running")
+    # The kernel source starts at the end of the file: write the fault once the agent has it open.
+    assert first.proc is not None
+    await _has_open(first.proc.pid, tmp_path / "kern.log")
+    with (tmp_path / "kern.log").open("a") as f:
+        f.write(f"Nov 21 02:00:00 gpu-node-a kernel: [12345.678901] {XID79}\n")
+    assert first.proc is not None
+    assert await asyncio.wait_for(first.proc.wait(), 60) == -signal.SIGKILL
+    assert killed
+    assert not [j for j in kube.objects("batch/v1/jobs") if j["metadata"]["name"] == "llama"], "deleted, not recreated"
+    creates_before = len(kube.requests("batch/v1/jobs", action="create"))
+
+    second = AgentProcess("all", config, "all", "gpu-node-a")
+    await second.start()
+    try:
+        await second.wait_message("resuming incident")
+        deadline = time.monotonic() + 30
+        while not [j for j in kube.objects("batch/v1/jobs") if j["metadata"]["name"] == "llama"]:
+            assert time.monotonic() < deadline, second.messages()[-20:]
+            await asyncio.sleep(0.1)
+        await second.wait_message("recreated from")
+    finally:
+        assert await second.stop() == 0
+    [job] = [j for j in kube.objects("batch/v1/jobs") if j["metadata"]["name"] == "llama"]
+    annotations = job["metadata"]["annotations"]
+    assert annotations["trainmedic.io/resumed-from"] == str(ckpt)
+    assert annotations["trainmedic.io/incident"]
+    assert len(kube.requests("batch/v1/jobs", action="create")) - creates_before == 1
