@@ -137,7 +137,6 @@ class Responder:
         self.tracker = OffsetTracker()
         self._workers: dict[str, _KeyWorker] = {}
         self._assignment: set[TopicPartition] = set()
-        self._protected: dict[str, list[tuple[str, str]]] = {}
         self._scheduled: set[str] = set()
         self.ready = asyncio.Event()
         # Completed incident handlings, for tests and the demo: incident id -> final status.
@@ -277,8 +276,8 @@ class Responder:
         rc = d.diagnosis.root_cause
         job = d.job
         if rc is None:
-            if d.final:
-                await self._unprotect(key)
+            if d.final and job is not None:
+                await self._unprotect(job)
             return None
         incident, created = await asyncio.to_thread(
             self.store.open_incident,
@@ -299,7 +298,7 @@ class Responder:
         )
         if not d.final:
             if created and job is not None:
-                await self._protect(key, job)
+                await self._protect(job)
             return incident
         if incident.status is IncidentStatus.OPEN:
             incident = await self._prepare(incident, d, rc)
@@ -314,7 +313,8 @@ class Responder:
         pods = await self._pods(job, workload) if job is not None else []
         if incident.scene_dir is None or not (Path(incident.scene_dir) / "manifest.json").is_file():
             await self._save_scene(incident, d, rc, workload, pods)
-        await self._unprotect(incident.key)
+        if job is not None:
+            await self._unprotect(job, pods)
         incident = self.store.get(incident.id)
 
         stale = _stale(workload, incident.id, d)
@@ -631,26 +631,28 @@ class Responder:
 
     # -- pods kept until the scene is saved ------------------------------------------------------------
 
-    async def _protect(self, key: str, job: JobRef) -> None:
-        workload = await self._workload(job)
-        pods = await self._pods(job, workload)
-        done = []
-        for p in pods:
-            meta = p.get("metadata", {})
+    async def _protect(self, job: JobRef) -> None:
+        for p in await self._pods(job, await self._workload(job)):
+            meta = p.get("metadata") or {}
             try:
                 await self.kube.add_pod_finalizer(meta.get("namespace", job.namespace), meta["name"], SCENE_FINALIZER)
             except KubeError as e:
                 log.warning("cannot keep pod %s for the scene: %s", meta.get("name"), e)
-                continue
-            done.append((meta.get("namespace", job.namespace), meta["name"]))
-        self._protected[key] = done
 
-    async def _unprotect(self, key: str) -> None:
-        for ns, name in self._protected.pop(key, []):
+    async def _unprotect(self, job: JobRef, pods: list[dict[str, Any]] | None = None) -> None:
+        """Remove our finalizer from every pod of the job that carries it (read from the pods, not
+        remembered: an agent that restarted between the two still releases them)."""
+        if pods is None:
+            pods = await self._pods(job, await self._workload(job))
+        for p in pods:
+            meta = p.get("metadata") or {}
+            if SCENE_FINALIZER not in (meta.get("finalizers") or []):
+                continue
+            ns = meta.get("namespace", job.namespace)
             try:
-                await self.kube.remove_pod_finalizer(ns, name, SCENE_FINALIZER)
+                await self.kube.remove_pod_finalizer(ns, meta["name"], SCENE_FINALIZER)
             except KubeError as e:
-                log.warning("cannot release pod %s/%s (finalizer %s): %s", ns, name, SCENE_FINALIZER, e)
+                log.warning("cannot release pod %s/%s (finalizer %s): %s", ns, meta["name"], SCENE_FINALIZER, e)
 
     # -- lookups ----------------------------------------------------------------------------------------
 

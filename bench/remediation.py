@@ -246,11 +246,9 @@ class _Creates:
 
 
 def forget_requests(kube: Any) -> None:
-    """Drop kmock's record of the requests served so far (it only serves test assertions). On every
-    request kmock checks each reaction (the stand-in's pods/log and pods/exec, the create catcher)
-    by walking that whole record, so without this a long run grows quadratic in the emulator, and
-    the figures would measure kmock's history rather than the agent. Called between iterations."""
-    kube.handler._requests.clear()
+    """Between iterations: without it the figures would measure kmock's request history (see
+    KubeEmulator.forget_requests) rather than the agent."""
+    kube.forget_requests()
 
 
 def _policy_file(path: Path) -> Path:

@@ -267,7 +267,7 @@ class _Malformed(ValueError):
     """A 2xx response whose body is not the JSON object expected (a proxy's HTML page, a cut body)."""
 
 
-def _retry_after(headers: Any, cap: float) -> float | None:
+def retry_after(headers: Any, cap: float) -> float | None:
     """Retry-After as seconds (delta-seconds or an HTTP date), capped; None when absent or unreadable."""
     raw = None
     with contextlib.suppress(Exception):
@@ -288,7 +288,7 @@ def _retry_after(headers: Any, cap: float) -> float | None:
     return min(max(when.timestamp() - time.time(), 0.0), cap)
 
 
-def _api_message(exc: ApiException) -> str:
+def api_message(exc: ApiException, limit: int = 500) -> str:
     """The Status message of an API error body, else the HTTP reason (bounded)."""
     body = getattr(exc, "body", None)
     if isinstance(body, bytes):
@@ -297,8 +297,8 @@ def _api_message(exc: ApiException) -> str:
         with contextlib.suppress(ValueError):
             doc = json.loads(body)
             if isinstance(doc, dict) and doc.get("message"):
-                return str(doc["message"])[:500]
-    return str(exc.reason or "")[:500]
+                return str(doc["message"])[:limit]
+    return str(exc.reason or "")[:limit]
 
 
 def classify(exc: BaseException, what: _What, *, retry_after_max: float = 60.0) -> KubeError | None:
@@ -307,7 +307,7 @@ def classify(exc: BaseException, what: _What, *, retry_after_max: float = 60.0) 
         return exc
     if isinstance(exc, ApiException):
         status = int(exc.status or 0)
-        message = _api_message(exc)
+        message = api_message(exc)
         if status == 403:
             return what.forbidden(message)
         if status == 401:
@@ -325,7 +325,7 @@ def classify(exc: BaseException, what: _What, *, retry_after_max: float = 60.0) 
         if status in {0, 408, 429} or status >= 500:
             return TemporaryKubeError(
                 f"{what.verb} {what.target}: {status or 'transport error'} {message}".rstrip(),
-                delay=_retry_after(exc.headers, retry_after_max),
+                delay=retry_after(exc.headers, retry_after_max),
                 status=status or None,
             )
         return PermanentKubeError(f"{what.verb} {what.target}: {status} {message}", status=status)
@@ -416,7 +416,8 @@ class QuarantineResult:
 
 def own_client(api: Any) -> Any:
     """An ApiClient made from the caller's configuration (credentials, TLS, proxy, token refresh hook)
-    with its own connection pool and a retry policy that leaves HTTP statuses to `KubeOps`: urllib3's
+    with its own connection pool and a retry policy that leaves HTTP statuses to the caller (KubeOps,
+    the watchers' reflectors): urllib3's
     default honours a 429/503 Retry-After by sleeping inside the thread (uncancellable, as long as
     the server says, invisible to the loop clock) and retries behind our back. Connection attempts
     are still retried at once (twice); a read is never repeated by urllib3 (a PATCH must not be)."""

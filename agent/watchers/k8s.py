@@ -44,12 +44,9 @@ import asyncio
 import calendar
 import concurrent.futures
 import contextlib
-import copy
-import email.utils
 import http.client
 import json
 import logging
-import math
 import random
 import re
 import socket
@@ -69,6 +66,7 @@ from kubernetes.client.exceptions import ApiException
 from agent.bus.base import Bus
 from agent.jobindex import JobIndex, PodInfo, pod_info
 from agent.telemetry import Telemetry
+from remediations.kube import api_message, own_client, retry_after
 from trainmedic.errors import TrainmedicError
 from trainmedic.events import (
     JobRef,
@@ -126,40 +124,6 @@ class MissingResource(PermanentWatchError):
         super().__init__(message, kind="missing")
 
 
-def _retry_after(headers: Any, cap: float) -> float | None:
-    """Retry-After as seconds (delta-seconds or an HTTP date), capped; None when absent or unreadable."""
-    raw = None
-    with contextlib.suppress(Exception):
-        raw = headers.get("Retry-After") if headers is not None else None
-    if raw is None:
-        return None
-    text = str(raw).strip()
-    try:
-        seconds = float(text)
-    except ValueError:
-        pass
-    else:
-        return min(max(seconds, 0.0), cap) if math.isfinite(seconds) else None
-    try:
-        when = email.utils.parsedate_to_datetime(text)
-    except (TypeError, ValueError, IndexError):
-        return None
-    return min(max(when.timestamp() - time.time(), 0.0), cap)
-
-
-def _api_message(exc: ApiException) -> str:
-    """The Status message of an API error body, else the HTTP reason."""
-    body = getattr(exc, "body", None)
-    if isinstance(body, bytes):
-        body = body.decode("utf-8", "replace")
-    if isinstance(body, str) and body:
-        with contextlib.suppress(ValueError):
-            doc = json.loads(body)
-            if isinstance(doc, dict) and doc.get("message"):
-                return str(doc["message"])[:300]
-    return str(exc.reason or "")[:300]
-
-
 def classify(exc: BaseException, *, resource: str, verb: str, retry_after_max: float = 300.0) -> WatchError | None:
     """The WatchError an exception raised by a list or watch stands for; None for a programming error."""
     if isinstance(exc, WatchError):
@@ -167,7 +131,7 @@ def classify(exc: BaseException, *, resource: str, verb: str, retry_after_max: f
     where = f"{verb} {resource}"
     if isinstance(exc, ApiException):
         status = int(exc.status or 0)
-        message = _api_message(exc)
+        message = api_message(exc, limit=300)
         if status == 410:
             return ResourceGone(f"{where}: 410 Gone ({message})")
         if status == 404:
@@ -186,7 +150,7 @@ def classify(exc: BaseException, *, resource: str, verb: str, retry_after_max: f
             )
         return TemporaryWatchError(
             f"{where}: {status or 'transport'} {message}",
-            retry_after=_retry_after(exc.headers, retry_after_max) if status in (429, 503) or status >= 500 else None,
+            retry_after=retry_after(exc.headers, retry_after_max) if status in (429, 503) or status >= 500 else None,
             kind=f"api_{status}",
         )
     if isinstance(exc, urllib3.exceptions.HTTPError | OSError | http.client.HTTPException):
@@ -1049,27 +1013,8 @@ def _rv_of(obj: Any) -> str | None:
     return _str(_get(obj, "metadata", "resourceVersion"))
 
 
-def watch_client(api: Any) -> Any:
-    """An ApiClient for the watchers, made from the caller's configuration (credentials, TLS, proxy,
-    token refresh hook) with its own connection pool and a retry policy that leaves HTTP statuses to
-    the reflectors: urllib3's default would honour a 429/503 Retry-After by sleeping inside the
-    thread (uncancellable, for as long as the server says) and turn the last one into an opaque
-    MaxRetryError. Connection attempts are still retried at once (twice)."""
-    cfg = copy.deepcopy(api.configuration)
-    cfg.retries = urllib3.util.Retry(
-        total=3,
-        connect=2,
-        read=0,
-        status=0,
-        other=0,
-        redirect=3,
-        respect_retry_after_header=False,
-        raise_on_status=False,
-    )
-    client = kclient.ApiClient(cfg)
-    client.default_headers.update(getattr(api, "default_headers", {}) or {})
-    client.cookie = getattr(api, "cookie", None)
-    return client
+# The watchers' client: the same retry policy as KubeOps (HTTP statuses are left to the reflectors).
+watch_client = own_client
 
 
 def list_function(api: Any, spec: ResourceSpec, namespace: str | None) -> Callable[..., Any]:

@@ -262,6 +262,12 @@ class KubeEmulator:
             out.append(r)
         return out
 
+    def forget_requests(self) -> None:
+        """Drop kmock's record of the requests served so far (`requests()` starts empty again). On
+        every request kmock checks each reaction by walking that whole record, so a long run (a
+        benchmark) slows down quadratically unless it is cleared between rounds."""
+        self.handler._requests.clear()
+
     # Changes that no watch sees: what happens while a client is disconnected, or before a 410.
     def store_patch(self, resource: str, namespace: str | None, name: str, patch: Mapping[str, Any]) -> None:
         self.handler.objects[resource, namespace, name].patch(dict(patch))
