@@ -714,14 +714,31 @@ class _Writer:
         return entry, hits
 
     def put_data(
-        self, rel: str, kind: str, obj: Any, *, fmt: str, bulky: bool, meta: Mapping[str, Any] | None = None
+        self,
+        rel: str,
+        kind: str,
+        obj: Any,
+        *,
+        fmt: str,
+        bulky: bool,
+        meta: Mapping[str, Any] | None = None,
+        redactions: int | None = None,
     ) -> dict[str, Any] | None:
-        """A YAML or JSON file: every string redacted first (the syntax stays valid); never cut."""
+        """A YAML or JSON file: every string redacted first (the syntax stays valid); never cut.
+
+        `redactions` given: the caller has redacted the strings of `obj` already (bulk numeric data
+        such as metrics, whose walk would cost more than the file), so it is written compact as is."""
         counter = [0]
-        clean = _redact_obj(obj, self.settings, counter, self.redactor)
+        if redactions is None:
+            clean = _redact_obj(obj, self.settings, counter, self.redactor)
+        else:
+            clean, counter[0] = obj, redactions
         try:
             if fmt == "yaml":
                 text = yaml.dump(clean, Dumper=_YAML_DUMPER, sort_keys=False, allow_unicode=True, width=4096)
+            elif redactions is not None:
+                # No indent: the C encoder (the indented one is pure Python, ~10x slower on big arrays).
+                text = json.dumps(clean, ensure_ascii=False, separators=(",", ":"), allow_nan=False) + "\n"
             else:
                 text = json.dumps(clean, ensure_ascii=False, indent=1, allow_nan=False) + "\n"
         except (yaml.YAMLError, TypeError, ValueError) as exc:
@@ -1204,6 +1221,7 @@ async def _collect_metrics(
     start, end = fault - settings.metrics_window_s, fault
     out: dict[str, dict[str, list[list[float | None]]]] = {}
     missing: list[str] = []
+    redactions = 0
     for node in nodes:
         try:
             series = await source.metrics_range(node, start, end, settings.metrics_step_s)
@@ -1220,7 +1238,9 @@ async def _collect_metrics(
             missing.append(node)
             continue
         node_out: dict[str, list[list[float | None]]] = {}
-        for name, points in list(_map(series).items())[: settings.max_metric_series]:
+        for raw_name, points in list(_map(series).items())[: settings.max_metric_series]:
+            name, n = writer.redactor.redact_str(str(raw_name))
+            redactions += n
             clean: list[list[float | None]] = []
             for pt in list(points)[-settings.max_metric_points :] if isinstance(points, Sequence) else []:
                 try:
@@ -1228,8 +1248,10 @@ async def _collect_metrics(
                 except (TypeError, ValueError, IndexError):
                     continue
                 clean.append([t, v if math.isfinite(v) else None])
-            node_out[str(name)] = clean
-        out[node] = node_out
+            node_out[name] = clean
+        node_name, n = writer.redactor.redact_str(node)
+        redactions += n
+        out[node_name] = node_out
     if missing:
         writer.problem(
             "metrics.json",
@@ -1238,7 +1260,9 @@ async def _collect_metrics(
         )
     if out:
         doc = {"window": {"start": start, "end": end, "step": settings.metrics_step_s}, "nodes": out}
-        await writer.run(lambda: writer.put_data("metrics.json", "metrics", doc, fmt="json", bulky=True))
+        await writer.run(
+            lambda: writer.put_data("metrics.json", "metrics", doc, fmt="json", bulky=True, redactions=redactions)
+        )
 
 
 async def _collect_kernel(

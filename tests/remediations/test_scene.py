@@ -397,6 +397,23 @@ async def test_secrets_in_logs_are_redacted(tmp_path: Path, shape: str, template
     assert "<redacted" in spec["spec"]["containers"][0]["args"][0]
 
 
+@pytest.mark.parametrize(("shape", "template", "secret"), SECRETS[:4], ids=[s[0] for s in SECRETS[:4]])
+@pytest.mark.asyncio
+async def test_secrets_in_metric_names_are_redacted(tmp_path: Path, shape: str, template: str, secret: str) -> None:
+    # The metrics file is written compact with only its strings redacted (not walked value by value).
+    name = template.format(s=secret)
+    metrics = {"node-a": {name: [(NOW - 30, 1.0)], "accelerator_utilization": [(NOW - 30, 97.5)]}}
+    pods = [make_pod("llama-0", node="node-a", rank=0)]
+    source = FakeSource({("llama-0", False): "step 1\n"}, metrics=metrics)
+    result = await save_scene(tmp_path, simple_inputs(pods), source, FAST)
+    data = files_of(result.dir)["metrics.json"]
+    assert secret.encode() not in data, f"{shape} leaked"
+    saved = json.loads(data)["nodes"]["node-a"]
+    assert saved["accelerator_utilization"] == [[NOW - 30, 97.5]]
+    assert any("<redacted" in k for k in saved)
+    assert manifest_entry(result.manifest, "metrics.json")["redactions"] == 1
+
+
 @pytest.mark.parametrize(
     ("name", "kept"),
     [
