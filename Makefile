@@ -1,5 +1,5 @@
 # One entry point for every check, the same locally and in CI (.ci/run calls `make test`).
-#   make demo    diagnose a bundled real failure (installs what it needs)
+#   make demo    four faults detected and healed on an emulated cluster (installs what it needs)
 #   make test    lint (ruff), types (mypy --strict), then the test suite
 #   make bench   throughput and latency figures as one JSON object (bench/results.json)
 
@@ -43,8 +43,10 @@ test: check servers
 	$(VENV)/bin/trainmedic rules test
 	$(PY) -m pytest -q
 
+# The whole loop on an emulated cluster (kmock, installed with the test extras): Xid 79, CUDA OOM,
+# HCCL init failure and a hang, each detected, its scene saved, healed, notified and reported.
 demo: venv
-	$(VENV)/bin/trainmedic diagnose --logs examples/gpu-fell-off-bus
+	$(VENV)/bin/trainmedic demo --fault all
 
 bench: venv
 	@$(PY) bench/run.py

@@ -169,6 +169,9 @@ class Brain:
         """Consume until cancelled or `stop` is set. On a graceful stop, open windows are published
         as final and their offsets committed; on cancellation they are left uncommitted (replayed)."""
         stop = stop or asyncio.Event()
+        # The vendor catalogs are parsed now, not by the first diagnosis of each chip (the Ascend
+        # catalog alone takes most of a second).
+        await asyncio.to_thread(warm_catalogs)
         consumer = self.bus.consumer([t.value for t in INPUT_TOPICS], self.settings.group)
         await consumer.start()
         self.ready.set()
@@ -446,3 +449,14 @@ def _job_from_key(key: str) -> JobRef | None:
         return None
     ns, _, name = key[4:].partition("/")
     return JobRef(namespace=ns, name=name)
+
+
+def warm_catalogs() -> None:
+    """Load every chip plugin's fault catalog (a broken one is logged; lookups then say why)."""
+    from udal.registry import load_plugins
+
+    for name, plugin in load_plugins().items():
+        try:
+            plugin.catalog()
+        except Exception as e:  # noqa: BLE001 - the first lookup reports it again, in context
+            log.warning("chip plugin %s: its catalog cannot be loaded: %s", name, e)

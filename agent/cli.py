@@ -5,7 +5,10 @@
     trainmedic run [--config FILE] [--role node|cluster|brain|all] [--check]
     trainmedic incidents [ID] [--status S] [--format text|json] [--store FILE]
     trainmedic approve ID [--reject] [--by NAME] [--comment TEXT] [--store FILE]
+    trainmedic report ID [--format md|html] [--lang en|zh] [--store FILE | --config FILE] [--out FILE]
     trainmedic release-node NODE [--incident ID] [--kubeconfig FILE]
+    trainmedic demo [--fault xid|oom|hccl|hang|all] [--json] [--lang en|zh] [--workdir DIR]
+    trainmedic config reference | show [--config FILE]
     trainmedic version
 
 Exit codes: 0 done (whether or not a fault was found); 1 rule problems (`rules lint/test`);
@@ -126,11 +129,53 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--comment", default="", help="why (recorded in the incident's timeline)")
     store_option(ap)
 
+    rep = sub.add_parser("report", help="an incident's report (Markdown or a self-contained HTML page)")
+    rep.add_argument("incident", help="the incident id (a unique prefix is enough)")
+    rep.add_argument("--format", choices=("md", "html"), default="md")
+    rep.add_argument(
+        "--lang", choices=("en", "zh"), default=_default_lang(), help="default from TRAINMEDIC_LANG / LANG"
+    )
+    rep.add_argument("--out", type=Path, default=None, metavar="FILE", help="write here (atomically) instead of stdout")
+    rep.add_argument(
+        "--templates",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="your own report.md.j2 / report.html.j2 (rendered sandboxed)",
+    )
+    store_option(rep)
+
     rel = sub.add_parser("release-node", help="undo a quarantine: uncordon, remove the taint, label and condition")
     rel.add_argument("node")
     rel.add_argument("--incident", default=None, help="refuse unless the node was quarantined by this incident")
     rel.add_argument("--config", type=Path, default=None, metavar="FILE", help="settings YAML (kubeconfig)")
     rel.add_argument("--kubeconfig", default=None, metavar="FILE", help="kubeconfig (default: settings, then ~/.kube)")
+
+    demo = sub.add_parser("demo", help="watch a training job fail and heal on an emulated cluster (no cluster needed)")
+    demo.add_argument(
+        "--fault",
+        default="all",
+        metavar="xid|oom|hccl|hang|all",
+        help="the fault to inject (a comma list works too); all: each in turn (default)",
+    )
+    demo.add_argument("--json", action="store_true", help="one JSON object per fault on stdout, nothing else")
+    demo.add_argument(
+        "--lang", choices=("en", "zh"), default=_default_lang(), help="default from TRAINMEDIC_LANG / LANG"
+    )
+    demo.add_argument(
+        "--workdir",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="keep store, scenes and reports here (default: a temp dir)",
+    )
+    demo.add_argument("--verbose", action="store_true", help="the agent's own log lines on stderr as well")
+
+    cfg = sub.add_parser("config", help="the settings: their reference, or the effective values of a file")
+    csub = cfg.add_subparsers(dest="config_command", required=True, parser_class=_Parser)
+    csub.add_parser("reference", help="every setting as Markdown tables (type, default, env variable, meaning)")
+    show = csub.add_parser("show", help="the effective settings (file + environment) as YAML, secrets hidden")
+    show.add_argument("--config", metavar="FILE", help="settings YAML (default: none, the embedded defaults)")
 
     sub.add_parser("version", help="print the version")
     return parser
@@ -147,8 +192,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _run(args)
         if args.command in ("incidents", "approve"):
             return _incidents(args)
+        if args.command == "report":
+            return _report(args)
         if args.command == "release-node":
             return _release_node(args)
+        if args.command == "demo":
+            return _demo(args)
+        if args.command == "config":
+            return _config(args)
         print(__version__)
         return EXIT_OK
     except KeyboardInterrupt:
@@ -371,6 +422,39 @@ def _incidents(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _report(args: argparse.Namespace) -> int:
+    """`trainmedic report ID`: the incident's report from the store and its scene bundle."""
+    import sqlite3
+
+    from agent.reporting import render_incident, write_text_atomic
+    from agent.store import IncidentStore, StoreError
+    from reports.report import ReportError
+
+    path = args.store or _settings_or_exit(args.config).remediate.store
+    if path != ":memory:" and not Path(path).is_file():
+        print(f"trainmedic: no incident store at {path} (remediate.store)", file=sys.stderr)
+        return EXIT_UNUSABLE
+    try:
+        store = IncidentStore(path)
+        try:
+            text = render_incident(store, args.incident, fmt=args.format, lang=args.lang, template_dir=args.templates)
+        finally:
+            store.close()
+    except (StoreError, ReportError, sqlite3.Error) as exc:
+        print(f"trainmedic: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}", file=sys.stderr)
+        return EXIT_UNUSABLE
+    if args.out is None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return EXIT_OK
+    try:
+        write_text_atomic(args.out, text)
+    except OSError as exc:
+        print(f"trainmedic: cannot write {args.out}: {exc.strerror or exc}", file=sys.stderr)
+        return EXIT_UNUSABLE
+    return EXIT_OK
+
+
 def _print_incident(data: dict[str, Any]) -> None:
     print(f"incident {data['id']}  ({data['status']}, mode {data['mode'] or '-'})")
     print(
@@ -420,4 +504,31 @@ def _release_node(args: argparse.Namespace) -> int:
     finally:
         api.close()
     print(f"{args.node}: released" if released else f"{args.node}: was not quarantined by trainmedic")
+    return EXIT_OK
+
+
+def _demo(args: argparse.Namespace) -> int:
+    """`trainmedic demo`: faults injected into an emulated cluster, detected and healed by the agent."""
+    from agent.demo.runner import main as demo_main
+
+    return demo_main(args.fault, json_lines=args.json, lang=args.lang, workdir=args.workdir, verbose=args.verbose)
+
+
+def _config(args: argparse.Namespace) -> int:
+    if args.config_command == "reference":
+        from agent.configref import reference_markdown
+
+        sys.stdout.write(reference_markdown())
+        return EXIT_OK
+    import yaml
+
+    from agent.config import ConfigError, load_settings
+
+    try:
+        settings = load_settings(args.config)
+    except ConfigError as e:
+        print(f"trainmedic: {e}", file=sys.stderr)
+        return EXIT_UNUSABLE
+    # mode="json" turns SecretStr into "**********": secrets never reach the terminal.
+    sys.stdout.write(yaml.safe_dump(settings.model_dump(mode="json"), sort_keys=False, allow_unicode=True))
     return EXIT_OK

@@ -3,8 +3,9 @@
     trainmedic run --config trainmedic.yaml --role all|node|cluster|brain
 
 Groups mirror the pipeline: `bus`, `kubernetes`, `logs`, `kernel`, `metrics`, `detect`,
-`remediate`. Every field has a default, so an empty file (or none) is the embedded default: memory bus, everything in
-one process. Environment variables override the file: `TRAINMEDIC_<GROUP>__<FIELD>` (double
+`remediate`, then the ops side: `notify` (webhook sinks and the outbox) and `api` (the HTTP
+service). Every field has a default, so an empty file (or none) is the embedded default: memory
+bus, everything in one process. Environment variables override the file: `TRAINMEDIC_<GROUP>__<FIELD>` (double
 underscore between levels), e.g. `TRAINMEDIC_BUS__KIND=kafka`,
 `TRAINMEDIC_BUS__BOOTSTRAP=kafka-0:9092`, `TRAINMEDIC_NODE_NAME` (the Downward API's
 spec.nodeName for the DaemonSet). Values are parsed as YAML scalars (`true`, `15`, `[a, b]`).
@@ -23,7 +24,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 
 from trainmedic.errors import TrainmedicError
 
@@ -102,6 +103,9 @@ class DetectSettings(_Group):
     window_s: float = Field(30.0, gt=0, description="Seconds a job's diagnosis window gathers evidence.")
     hang_floor_s: float = Field(300.0, gt=0, description="Shortest silence that can be a hang.")
     hang_factor: float = Field(3.0, gt=1, description="A hang is silence longer than this many step intervals.")
+    tick_s: float = Field(
+        1.0, gt=0, le=60, description="How often closed windows are published and silent jobs checked for a hang."
+    )
 
 
 class RemediateSettings(_Group):
@@ -123,12 +127,157 @@ class RemediateSettings(_Group):
     wait_gone_s: float = Field(120.0, gt=0, description="How long a deleted workload may take to disappear.")
 
 
+SINK_KINDS = ("cloudevents", "alertmanager", "feishu", "dingtalk", "wecom", "slack")
+CHAT_SINKS = frozenset({"feishu", "dingtalk", "wecom", "slack"})
+# The sinks whose messages carry a signature made with `secret`.
+SIGNED_SINKS = frozenset({"cloudevents", "feishu", "dingtalk"})
+INCIDENT_STATUSES = frozenset(
+    {"open", "observed", "awaiting_approval", "rejected", "acting", "resolved", "blocked", "failed"}
+)
+# Chat robots reach people: by default only what a person should read (what happened and was
+# decided, what needs them, how it ended), not every intermediate step.
+CHAT_DEFAULT_STATUSES = ("observed", "awaiting_approval", "rejected", "blocked", "failed", "resolved")
+
+
+class SinkSettings(_Group):
+    """One destination of incident notifications (`notify.sinks[]`)."""
+
+    kind: Literal["cloudevents", "alertmanager", "feishu", "dingtalk", "wecom", "slack"] = Field(
+        description="cloudevents: CloudEvents 1.0 JSON POSTed to `url`, HMAC-signed with `secret`; "
+        "alertmanager: alerts pushed to `url`/api/v2/alerts; feishu, dingtalk, wecom, slack: the chat robot's "
+        "incoming-webhook URL."
+    )
+    name: str | None = Field(
+        None, pattern=r"^[A-Za-z0-9_.-]{1,64}$", description="Name in metrics and timelines; default: the kind."
+    )
+    url: str = Field(description="Webhook URL (Alertmanager: its base URL, e.g. http://alertmanager:9093).")
+    secret: SecretStr | None = Field(
+        None,
+        description="Signing secret (cloudevents HMAC, Feishu / DingTalk signature); prefer secret_env. Never logged.",
+    )
+    secret_env: str | None = Field(None, description="Name of an environment variable holding the signing secret.")
+    lang: Literal["en", "zh", "both"] = Field("both", description="Language of chat messages.")
+    statuses: list[str] | None = Field(
+        None,
+        description="Incident statuses sent to this sink; default: all for cloudevents and alertmanager, "
+        f"{', '.join(CHAT_DEFAULT_STATUSES)} for chat robots.",
+    )
+    timeout_s: float = Field(10.0, gt=0, le=300, description="Timeout of one delivery request.")
+    burst: int | None = Field(
+        None,
+        ge=1,
+        le=10_000,
+        description="Messages sent one per notice within `window_s` before the rest are merged into one digest "
+        "per window; default: 10 for chat robots (DingTalk and WeCom allow 20 a minute), 60 otherwise.",
+    )
+    window_s: float = Field(60.0, gt=0, le=86_400, description="The rate-limit window of `burst`.")
+    max_batch: int = Field(500, ge=1, le=5000, description="Most notices merged into one digest or batch message.")
+    headers: dict[str, SecretStr] = Field(
+        default_factory=dict, description="Extra HTTP headers (e.g. Authorization for the receiver). Never logged."
+    )
+    tls_verify: bool = Field(True, description="Verify the receiver's TLS certificate.")
+    resend_s: float = Field(
+        60.0,
+        ge=0,
+        description="Alertmanager only: re-send the alerts of incidents still firing this often, so Alertmanager "
+        "does not end them after its resolve_timeout (5 min by default); 0: never.",
+    )
+    resend_for_s: float = Field(
+        86_400.0, gt=0, description="Alertmanager only: stop re-sending an alert this long after its state was sent."
+    )
+
+    @property
+    def sink_name(self) -> str:
+        return self.name or self.kind
+
+    @property
+    def effective_burst(self) -> int:
+        if self.burst is not None:
+            return self.burst
+        return 10 if self.kind in CHAT_SINKS else 60
+
+    @property
+    def effective_statuses(self) -> frozenset[str]:
+        if self.statuses is not None:
+            return frozenset(self.statuses)
+        return frozenset(CHAT_DEFAULT_STATUSES) if self.kind in CHAT_SINKS else INCIDENT_STATUSES
+
+    @model_validator(mode="after")
+    def _check(self) -> SinkSettings:
+        problems = []
+        if not self.url.startswith(("http://", "https://")):
+            problems.append(f"url must be http:// or https://, not {self.url.split(':', 1)[0]!r}")
+        if self.secret is not None and self.secret_env:
+            problems.append("give secret or secret_env, not both")
+        if (self.secret is not None or self.secret_env) and self.kind not in SIGNED_SINKS:
+            problems.append(f"{self.kind} messages are not signed; put credentials in url or headers")
+        unknown = sorted(set(self.statuses or ()) - INCIDENT_STATUSES)
+        if unknown:
+            problems.append(f"unknown statuses {unknown}; known: {sorted(INCIDENT_STATUSES)}")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+
+class NotifySettings(_Group):
+    """Incident notifications: a durable outbox (in the incident store's file) delivering to `sinks`."""
+
+    enabled: bool = Field(True, description="Send notifications to the configured sinks (brain role).")
+    sinks: list[SinkSettings] = Field(default_factory=list, description="Where incidents are sent; empty: nowhere.")
+    source: str = Field(
+        "trainmedic", min_length=1, description="CloudEvents `source` (a URI reference naming this agent/cluster)."
+    )
+    report_base_url: str | None = Field(
+        None, description="Base URL of this agent's API, for report links in messages (e.g. https://trainmedic.ops)."
+    )
+    retry_initial_s: float = Field(1.0, gt=0, description="First retry delay (exponential backoff, full jitter).")
+    retry_max_s: float = Field(300.0, gt=0, description="Longest retry delay; also caps a receiver's Retry-After.")
+    give_up_after_s: float = Field(
+        86_400.0, gt=0, description="A notice not delivered this long after it was queued is given up (dead)."
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> NotifySettings:
+        names = [s.sink_name for s in self.sinks]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"sink names must be unique (set `name`): {duplicates}")
+        if self.retry_max_s < self.retry_initial_s:
+            raise ValueError("retry_max_s must be at least retry_initial_s")
+        return self
+
+
+class ApiSettings(_Group):
+    enabled: bool = Field(True, description="Serve the HTTP API (health, metrics, incidents, diagnose) in the brain.")
+    host: str = Field("127.0.0.1", description="Listen address (0.0.0.0 in a pod, behind its Service).")
+    port: int = Field(8080, ge=0, le=65535, description="Listen port; 0 picks a free one (logged).")
+    token: SecretStr | None = Field(
+        None,
+        description="Bearer token required by every state-changing call; prefer token_env or token_file. Never logged.",
+    )
+    token_env: str | None = Field(None, description="Name of an environment variable holding the bearer token.")
+    token_file: str | None = Field(None, description="File holding the bearer token (a mounted Secret).")
+    read_auth: bool = Field(False, description="Require the token for reads (incidents, reports, /metrics) too.")
+    allow_unauthenticated: bool = Field(
+        False,
+        description="With no token configured, accept state-changing calls from anyone (a laptop demo only); "
+        "otherwise they are refused.",
+    )
+    max_body_bytes: int = Field(
+        32 * 1024 * 1024, ge=1024, description="Largest request body (uploaded logs included); larger: 413."
+    )
+    max_files: int = Field(64, ge=1, le=10_000, description="Most log files one diagnose request may upload.")
+    shutdown_timeout_s: float = Field(5.0, gt=0, description="How long requests in flight may finish at shutdown.")
+
+
 class Settings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     node_name: str = Field(default_factory=socket.gethostname, description="This node (env TRAINMEDIC_NODE_NAME).")
     log_format: Literal["json", "text"] = Field("json", description="Structured JSON logs, or text for people.")
-    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
+        "INFO", description="Level of the agent's own logs."
+    )
     bus: BusSettings = Field(default_factory=BusSettings)
     kubernetes: KubernetesSettings = Field(default_factory=KubernetesSettings)
     logs: LogsSettings = Field(default_factory=LogsSettings)
@@ -136,6 +285,8 @@ class Settings(BaseModel):
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
     detect: DetectSettings = Field(default_factory=DetectSettings)
     remediate: RemediateSettings = Field(default_factory=RemediateSettings)
+    notify: NotifySettings = Field(default_factory=NotifySettings)
+    api: ApiSettings = Field(default_factory=ApiSettings)
 
 
 class ConfigError(TrainmedicError):

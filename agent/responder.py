@@ -45,11 +45,11 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent.bus.base import Bus, OffsetTracker, Record, TopicPartition
 from agent.bus.dlq import decode_record
-from agent.store import ActionRecord, ActionState, Incident, IncidentStatus, IncidentStore
+from agent.store import TERMINAL, ActionRecord, ActionState, Incident, IncidentStatus, IncidentStore
 from agent.telemetry import Telemetry
 from remediations import checkpoints as ckpt
 from remediations import workloads as wl
@@ -60,6 +60,9 @@ from remediations.scene import SceneInputs, SceneSettings, save_scene
 from remediations.stacks import ExecResult, exec_in_pod
 from trainmedic.events import DiagnosisEvent, IncidentEvent, JobRef, Topic, make_event
 from trainmedic.models import I18nText, RootCause
+
+if TYPE_CHECKING:
+    from agent.notify import Notifier
 
 log = logging.getLogger("trainmedic.responder")
 
@@ -95,6 +98,8 @@ class ResponderSettings:
     retry_after_s: float = 10.0
     poll_ms: int = 100
     max_records: int = 100
+    # Write report.{en,zh}.{md,html} into the scene directory when an incident settles.
+    reports: bool = True
 
 
 @dataclass
@@ -121,6 +126,7 @@ class Responder:
         stack_dumper: Callable[..., Awaitable[Mapping[str, Any]]] | None = None,
         producer: str = "brain",
         clock: Callable[[], float] = time.time,
+        notifier: Notifier | None = None,
     ) -> None:
         self.bus = bus
         self.kube = kube
@@ -134,6 +140,8 @@ class Responder:
         self.stack_dumper = stack_dumper
         self.producer = producer
         self.clock = clock
+        # Each incident state is queued in the notifier's durable outbox before it is published.
+        self.notifier = notifier
         self.tracker = OffsetTracker()
         self._workers: dict[str, _KeyWorker] = {}
         self._assignment: set[TopicPartition] = set()
@@ -296,6 +304,10 @@ class Responder:
             source_topic=tp[0] if tp else None,
             source_partition=tp[1] if tp else None,
         )
+        if created:
+            # The ops side hears of the incident at once (status open), before the scene and the
+            # plan, which may take seconds; every later status follows.
+            await self._publish(incident, rc)
         if not d.final:
             if created and job is not None:
                 await self._protect(job)
@@ -387,13 +399,16 @@ class Responder:
                 continue
             try:
                 await self._run_action(incident, action, rc)
+                self.telemetry.actions.labels(action.name, "done").inc()
             except PermanentKubeError as e:
                 failed = True
+                self.telemetry.actions.labels(action.name, "failed").inc()
                 self.store.update_action(incident.id, action.seq, ActionState.FAILED, result={"error": str(e)})
                 log.error("incident %s: %s failed: %s", incident.id, action.name, e)
                 break
             except KubeError as e:
                 retry = True
+                self.telemetry.actions.labels(action.name, "retry").inc()
                 self.store.update_action(
                     incident.id,
                     action.seq,
@@ -733,7 +748,25 @@ class Responder:
             actions=[a.as_dict() for a in incident.actions],
             hints=list(hints),
         )
-        await self.bus.publish(Topic.INCIDENTS, make_event(payload, producer=self.producer, key=incident.key))
+        event = make_event(payload, producer=self.producer, key=incident.key)
+        if self.notifier is not None:
+            await self.notifier.enqueue(event)
+        await self.bus.publish(Topic.INCIDENTS, event)
+        if self.settings.reports and (
+            incident.status in TERMINAL or incident.status is IncidentStatus.AWAITING_APPROVAL
+        ):
+            await self._write_reports(incident.id)
+
+    async def _write_reports(self, incident_id: str) -> None:
+        """The incident's reports (both languages, Markdown and HTML) beside its scene; a failure is logged."""
+        from agent.reporting import write_reports
+
+        try:
+            paths = await asyncio.to_thread(write_reports, self.store, incident_id)
+        except Exception as e:  # noqa: BLE001 - a report is never worth failing the incident for
+            log.warning("incident %s: the report could not be written: %s", incident_id, e)
+            return
+        self.store.note(incident_id, "report", {"files": sorted(str(p) for p in paths.values())})
 
 
 class _SceneSource:

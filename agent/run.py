@@ -58,6 +58,7 @@ class Agent:
     disabled: dict[str, str] = field(default_factory=dict)
     brain: Brain | None = None
     responder: Any = None  # agent.responder.Responder when remediation is on (brain / all roles)
+    notifier: Any = None  # agent.notify.Notifier when notify.sinks are configured (with the responder)
     stop: asyncio.Event = field(default_factory=asyncio.Event)
     started: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -147,7 +148,7 @@ def build_agent(
         d = settings.detect
         agent.brain = Brain(
             agent.bus,
-            settings=BrainSettings(group=settings.bus.group, window_s=d.window_s),
+            settings=BrainSettings(group=settings.bus.group, window_s=d.window_s, tick_s=d.tick_s),
             rule_dirs=d.rule_dirs,
             fast={"auto": None, "fast": True, "re": False}[d.engine],
             hang=HangDetector(floor_s=d.hang_floor_s, factor=d.hang_factor),
@@ -163,6 +164,12 @@ def build_agent(
             agent.disabled["responder"] = "remediate.enabled is false"
         else:
             agent.disabled["responder"] = "kubernetes.enabled is false (the responder acts through the API)"
+    # Every role serves the API: health, readiness and /metrics for its probes and scrapes; the
+    # incident routes where an incident store is (the brain's).
+    if settings.api.enabled:
+        _add_api(agent, producer)
+    else:
+        agent.disabled["api"] = "api.enabled is false"
     return agent
 
 
@@ -225,9 +232,116 @@ def _add_responder(agent: Agent, api_client: Any, producer: str, clock: Callable
         metrics_range=metrics_range,
         producer=producer,
         clock=clock,
+        notifier=_add_notifier(agent, store, clock),
     )
     agent.responder = responder
     agent.components["responder"] = lambda: responder.run(agent.stop)
+
+
+def _add_notifier(agent: Agent, store: Any, clock: Callable[[], float]) -> Any:
+    """Incident notifications (agent/notify.py), their outbox in the incident store's file; None when
+    no sink is configured or it cannot be built (the reason is logged; remediation goes on)."""
+    from agent.notify import NotifyError, build_notifier
+    from agent.outbox import OutboxError
+
+    s = agent.settings
+    try:
+        notifier = build_notifier(
+            s.notify, store_path=s.remediate.store, store=store, telemetry=agent.telemetry, clock=clock
+        )
+    except (NotifyError, OutboxError) as e:
+        agent.disabled["notifier"] = str(e)
+        return None
+    if notifier is None:
+        agent.disabled["notifier"] = "notify.sinks is empty" if s.notify.enabled else "notify.enabled is false"
+        return None
+    agent.notifier = notifier
+    agent.components["notifier"] = lambda: notifier.run(agent.stop)
+    return notifier
+
+
+def _add_api(agent: Agent, producer: str) -> None:
+    """The HTTP API (agent/api.py): the responder's incident store (or the store file, when one exists),
+    alerts from Alertmanager onto the bus, readiness from the agent's state. It serves until `stop`;
+    a port it cannot listen on leaves the rest of the agent running and says why."""
+    from agent import api
+    from agent.store import IncidentStore, StoreError
+
+    s = agent.settings
+    store = getattr(agent.responder, "store", None)
+    own_store = False
+    if store is None and Path(s.remediate.store).is_file():
+        try:
+            store = IncidentStore(s.remediate.store)
+            own_store = True
+        except (StoreError, OSError) as e:
+            agent.disabled["api-incidents"] = f"incident store {s.remediate.store}: {e}"
+    elif store is None:
+        agent.disabled["api-incidents"] = f"no incident store at {s.remediate.store} (remediate.store)"
+
+    async def ingest(events: list[Any]) -> None:
+        for event in api.attach_jobs(events, agent.job_index):
+            await agent.bus.publish(api.topic_of(event), event)
+        await agent.bus.flush()
+
+    def ready() -> tuple[bool, dict[str, Any]]:
+        waiting = []
+        if not agent.started.is_set():
+            waiting.append("the agent is starting")
+        if agent.stop.is_set():
+            waiting.append("the agent is stopping")
+        if agent.brain is not None and not agent.brain.ready.is_set():
+            waiting.append("the brain has not joined its consumer group yet")
+        responder = agent.responder
+        if responder is not None and hasattr(responder, "ready") and not responder.ready.is_set():
+            waiting.append("the responder has not started yet")
+        return not waiting, {
+            "role": agent.role.value,
+            "components": sorted(agent.components),
+            "disabled": dict(agent.disabled),
+            "waiting": waiting,
+        }
+
+    render = None
+    if store is not None:
+        try:
+            from agent.reporting import report_context
+            from reports.report import render_report
+        except ImportError as e:
+            agent.disabled["api-reports"] = f"reports are not available: {e}"
+        else:
+            report_store = store
+
+            def render(incident_id: str, fmt: str, lang: str) -> str:
+                return render_report(
+                    report_context(report_store, incident_id),
+                    fmt="html" if fmt == "html" else "md",
+                    lang="zh" if lang == "zh" else "en",
+                )
+
+    app = api.create_app(
+        store=store,
+        telemetry=agent.telemetry,
+        settings=s.api,
+        ingest=ingest,
+        ready=ready,
+        render=render,
+        rule_dirs=s.detect.rule_dirs,
+        fast={"auto": None, "fast": True, "re": False}[s.detect.engine],
+        producer=producer,
+    )
+
+    async def run_api() -> None:
+        try:
+            await api.serve(app, s.api, agent.stop)
+        except api.ApiBindError as e:
+            agent.disabled["api"] = str(e)
+            raise SourceUnavailableError(str(e)) from e
+        finally:
+            if own_store and agent.stop.is_set() and store is not None:
+                store.close()
+
+    agent.components["api"] = run_api
 
 
 def _add_kube(agent: Agent, api: Any, producer: str, *, node_only: bool) -> None:
@@ -394,6 +508,11 @@ async def run_agent(agent: Agent, *, drain_timeout_s: float = 20.0) -> None:
             except (TimeoutError, asyncio.CancelledError):
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
+        if agent.notifier is not None:
+            # What the responder queued last goes out now; what cannot stays in the outbox for next time.
+            await agent.notifier.flush(drain_timeout_s)
+            await agent.notifier.aclose()
+            agent.notifier.outbox.close()
         if agent.responder is not None:
             agent.responder.close()
         await agent.bus.stop()

@@ -44,6 +44,33 @@ class Telemetry:
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
             registry=r,
         )
+        self.api_requests = Counter(
+            "trainmedic_api_requests",
+            "API requests by route template and status code",
+            ["method", "route", "code"],
+            registry=r,
+        )
+        self.actions = Counter(
+            "trainmedic_actions",
+            "Remediation action attempts by action and outcome (done, failed, retry)",
+            ["name", "state"],
+            registry=r,
+        )
+        self.alerts_in = Counter(
+            "trainmedic_alerts_in", "Alerts received from Alertmanager webhooks by alert status", ["status"], registry=r
+        )
+
+        # Incident notifications (agent/notify.py). outcome: queued, duplicate, enqueue_failed, delivered,
+        # retried, dead, resent (Alertmanager alerts still firing).
+        self.notifications = Counter(
+            "trainmedic_notifications", "Incident notifications by sink and outcome", ["sink", "outcome"], registry=r
+        )
+        self.webhook_failures = Counter(
+            "trainmedic_webhook_failures", "Failed webhook requests by sink", ["sink"], registry=r
+        )
+        self.outbox_depth = Gauge(
+            "trainmedic_outbox_depth", "Notifications waiting in the outbox (pending) by sink", ["sink"], registry=r
+        )
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

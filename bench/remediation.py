@@ -28,6 +28,14 @@ same process, so its own work is inside every figure.
   in-memory source holding the very same texts, which separates API time from the writing
   (cleaning, redaction, hashing, fsync). Median of `--repeats` runs each, durable writes as the
   responder does them.
+* `diagnosis_to_webhook_p50_ms` / `_p99_ms`: in the same runs as the reschedule figure, the agent
+  has one CloudEvents sink (HMAC-signed) pointing at a real HTTP receiver on loopback
+  (tests/servers/receiver.py, same process); from the diagnosis publish to the arrival of the
+  incident's first webhook (status `open`, sent before the scene is saved). `_resolved_webhook_`
+  is the same to the `resolved` webhook, after the Job was recreated.
+* `report_render_ms`: `report_context` + `render_report` of the 64-pod incident whose scene bundle
+  the scene figure saved (evidence lines read from its 10,000-line logs, the metrics chart of its
+  nodes): the slowest of Markdown / HTML x English / Chinese, median of 5 each, warm.
 """
 
 from __future__ import annotations
@@ -68,6 +76,7 @@ from trainmedic.models import Source  # noqa: E402
 
 GOAL_DIAGNOSIS_TO_RESCHEDULE_P99_MS = 300
 GOAL_SCENE_BUNDLE_64_PODS_S = 2.0
+GOAL_DIAGNOSIS_TO_WEBHOOK_P99_MS = 200.0
 
 SHIPPED_POLICY = ROOT / "remediations" / "policy.yaml"
 NAMESPACE = "train"
@@ -263,13 +272,15 @@ def _policy_file(path: Path) -> Path:
     return path
 
 
-def _settings(tmp: Path, policy: Path) -> Settings:
+def _settings(tmp: Path, policy: Path, hook: str | None = None) -> Settings:
     return Settings.model_validate(
         {
+            "notify": {"sinks": [{"kind": "cloudevents", "url": hook, "secret": "bench-secret"}] if hook else []},
             "node_name": "bench-brain",
             "log_format": "text",
             "log_level": "WARNING",
             "logs": {"enabled": False},
+            "api": {"port": 0},
             "kernel": {"source": "off"},
             "metrics": {"nvml": False},
             "remediate": {
@@ -311,15 +322,25 @@ def _phases(timeline: list[dict[str, Any]], published: float, created: float) ->
 async def measure_reschedule(iterations: int, tmp: Path, *, log_lines: int = 40) -> dict[str, Any]:
     """The diagnosis-to-reschedule figures over `iterations` incidents (see the module docstring)."""
     from servers.kube import Cluster, KubeEmulator, kmock
+    from servers.receiver import Receiver
 
     engine = make_engine(unwrap=False)
     policy = _policy_file(tmp / "policy.yaml")
-    settings = _settings(tmp, policy)
     run_id = uuid.uuid4().hex[:8]
     latencies: list[float] = []
+    hooks: list[float] = []
+    resolved_hooks: list[float] = []
     first = float("nan")
     phases: list[dict[str, float]] = []
-    async with KubeEmulator() as kube:
+    async with KubeEmulator() as kube, Receiver() as rx:
+        settings = _settings(tmp, policy, hook=f"{rx.url}/hook")
+
+        def arrival(dedup_key: str) -> float | None:
+            for r in rx.accepted:
+                if r.header("x-trainmedic-dedup-key") == dedup_key:
+                    return float(r.time)
+            return None
+
         cluster = Cluster(kube)
         creates = _Creates()
         kube.handler[kmock.action.CREATE, kmock.resource(JOBS)] << creates.record
@@ -362,11 +383,15 @@ async def measure_reschedule(iterations: int, tmp: Path, *, log_lines: int = 40)
                 if status is not IncidentStatus.RESOLVED:
                     raise RuntimeError(f"incident {diagnosis_id} ended {status.value}, not resolved")
                 timeline = await asyncio.to_thread(agent.responder.store.timeline, diagnosis_id)
+                opened, resolved = f"{diagnosis_id}/open", f"{diagnosis_id}/resolved"
+                await _until(f"the webhooks of {diagnosis_id}", lambda r=resolved: arrival(r) is not None, 30)
                 if i == 0:
                     first = latency
                 else:
                     phases.append(_phases(timeline, wall0, wall0 + latency))
                     latencies.append(latency)
+                    hooks.append(float(arrival(opened) or "nan") - wall0)
+                    resolved_hooks.append(float(arrival(resolved) or "nan") - wall0)
                 # What the garbage collector does once the Job is gone (outside the measured path).
                 for pod in pods:
                     await cluster.delete_pod(pod)
@@ -386,6 +411,10 @@ async def measure_reschedule(iterations: int, tmp: Path, *, log_lines: int = 40)
         "diagnosis_to_reschedule_phases_p99_ms": {n: _ms(percentile([p[n] for p in phases], 99)) for n in names},
         "diagnosis_to_reschedule_runs_ms": [round(x, 1) for x in ms],
         "diagnosis_to_reschedule_scene_log_lines": settings.remediate.log_lines,
+        "diagnosis_to_webhook_p50_ms": round(statistics.median(h * 1000 for h in hooks), 1),
+        "diagnosis_to_webhook_p99_ms": round(percentile([h * 1000 for h in hooks], 99), 1),
+        "diagnosis_to_resolved_webhook_p50_ms": round(statistics.median(h * 1000 for h in resolved_hooks), 1),
+        "diagnosis_to_resolved_webhook_p99_ms": round(percentile([h * 1000 for h in resolved_hooks], 99), 1),
     }
     return result
 
@@ -591,11 +620,14 @@ async def measure_scene(pods: int, lines: int, repeats: int, tmp: Path) -> dict[
                     manifest = res.manifest
                     if res.problems:
                         raise RuntimeError(f"the {label} scene has problems: {res.problems}")
+            report_ms = await asyncio.to_thread(_measure_report, tmp, inputs(f"scene-api-{repeats - 1}"), result)
         finally:
             ops.close()
     files = manifest.get("files") or []
     result.update(
         {
+            "report_render_ms": round(max(report_ms.values()), 1),
+            "report_render_by_format_ms": {k: round(v, 1) for k, v in report_ms.items()},
             f"scene_bundle_{pods}_pods_s": round(statistics.median(api_s), 3),
             f"scene_bundle_{pods}_pods_local_s": round(statistics.median(local_s), 3),
             "scene_bundle_runs_s": [round(s, 3) for s in api_s],
@@ -610,6 +642,56 @@ async def measure_scene(pods: int, lines: int, repeats: int, tmp: Path) -> dict[
         }
     )
     return result
+
+
+def _measure_report(tmp: Path, inputs: SceneInputs, out: dict[str, Any], repeats: int = 5) -> dict[str, float]:
+    """`report_context` + `render_report` of the 64-pod incident whose scene was just saved: median
+    of `repeats` per format and language (ms), the first (cold: templates compiled) apart."""
+    from agent.reporting import render_incident
+    from agent.store import IncidentStore
+
+    d = inputs.diagnosis
+    rc = d.diagnosis.root_cause
+    if rc is None or d.job is None:
+        raise RuntimeError("the scene's diagnosis has no root cause")
+    store = IncidentStore(tmp / "report.db")
+    try:
+        iid = inputs.incident_id
+        store.open_incident(
+            iid,
+            key=d.job.key,
+            diagnosis=d.model_dump(mode="json"),
+            revision=d.revision,
+            namespace=d.job.namespace,
+            job=d.job.name,
+            node=rc.node,
+            fault_class=rc.fault_class.value,
+            code=rc.code,
+            chip=rc.chip.value,
+        )
+        store.set_scene(iid, str(tmp / "scenes" / iid))
+        store.set_plan(
+            iid,
+            {"rule": "device-error-node", "mode": "enforce"},
+            "enforce",
+            [("quarantine_node", {"node": rc.node}), ("restart_from_checkpoint", {})],
+        )
+        t0 = time.perf_counter()
+        render_incident(store, iid, fmt="html", lang="en")
+        out["report_render_first_ms"] = _ms(time.perf_counter() - t0)
+        figures: dict[str, float] = {}
+        for fmt in ("md", "html"):
+            for lang in ("en", "zh"):
+                runs = []
+                for _ in range(repeats):
+                    t0 = time.perf_counter()
+                    text = render_incident(store, iid, fmt=fmt, lang=lang)
+                    runs.append((time.perf_counter() - t0) * 1000)
+                figures[f"{fmt}.{lang}"] = statistics.median(runs)
+                out[f"report_{fmt}_{lang}_kb"] = round(len(text.encode()) / 1000, 1)
+        return figures
+    finally:
+        store.close()
 
 
 # -- entry points ---------------------------------------------------------------------------------------

@@ -38,6 +38,12 @@ def _positive(value: Any) -> bool:
         "scene_bundle_log_mb",
         "scene_bundle_files",
         "scene_bundle_redactions",
+        "diagnosis_to_webhook_p50_ms",
+        "diagnosis_to_webhook_p99_ms",
+        "diagnosis_to_resolved_webhook_p99_ms",
+        "report_render_ms",
+        "report_render_first_ms",
+        "report_html_zh_kb",
     ],
 )
 def test_figure_is_a_positive_number(figures: dict[str, Any], key: str) -> None:

@@ -100,6 +100,7 @@ def settings(env: Env, *, mode: str = "enforce", policy: Path | None = None, **d
             "log_format": "text",
             "kubernetes": {"follow_pod_logs": True},
             "logs": {"enabled": False},
+            "api": {"port": 0},
             "kernel": {"source": "off"},
             "metrics": {"nvml": False},
             "detect": {"window_s": 0.5, **detect},

@@ -824,9 +824,9 @@ class LineStream(Generic[T]):
         if self.ended is not None:
             raise StopAsyncIteration
         try:
-            item = (
-                await asyncio.wait_for(self._queue.get(), timeout) if timeout is not None else await self._queue.get()
-            )
+            # asyncio.timeout, not wait_for (which can swallow a cancellation on 3.11, see podlogs).
+            async with asyncio.timeout(timeout):
+                item = await self._queue.get()
         except TimeoutError:
             return None
         self._slots.release()
@@ -1639,7 +1639,8 @@ class KubeWatchers:
     async def _run_reflector(self, r: Reflector) -> None:
         if r.spec is EVENTS:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._pods_listed.wait(), self.events_wait_s)
+                async with asyncio.timeout(self.events_wait_s):
+                    await self._pods_listed.wait()
         await guarded(f"watch {r.name}", r.run, self.telemetry, r.source)
 
     def states(self) -> dict[str, str]:

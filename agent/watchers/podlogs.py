@@ -298,8 +298,11 @@ class _Follower:
             delay = min(s.backoff_max_s, max(s.settle_s, s.backoff_base_s) * 2**self._quiet)
             self._quiet = min(self._quiet + 1, 20)
         delay *= random.uniform(0.8, 1.2)  # noqa: S311 (jitter)
+        # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation that arrives as
+        # its awaitable completes, and the follower would outlive the agent's shutdown.
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.changed.wait(), delay)
+            async with asyncio.timeout(delay):
+                await self.changed.wait()
 
     def _open(self, **kw: Any) -> Any:
         core = kclient.CoreV1Api(self.owner.api)

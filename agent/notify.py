@@ -1,0 +1,753 @@
+"""Incident notifications: every incident state the responder publishes reaches every configured
+sink (CloudEvents, Alertmanager, Feishu / DingTalk / WeCom / Slack robots), at least once, without
+paging anyone 500 times.
+
+    Responder._publish --> Notifier.enqueue --> outbox (SQLite, committed) --> one loop per sink --> HTTP
+
+Durability. `enqueue` returns only after the notice is committed in the outbox (agent/outbox.py),
+one row per sink, UNIQUE by the notice's dedup key: a replayed incident event is queued once. A row
+is marked delivered only after its receiver said so; one that was in flight when the agent died is
+sent again by the next agent (at least once), carrying the same dedup key (CloudEvent `id`, header
+`X-Trainmedic-Dedup-Key`) so receivers can drop the repeat.
+
+Failures. 2xx is delivered. 408, 429, 5xx, connection errors and timeouts are temporary: the sink
+pauses with exponential backoff and full jitter (`retry_initial_s` doubling up to `retry_max_s`;
+a receiver's Retry-After is honoured, capped at `retry_max_s`), and a notice still undelivered
+`give_up_after_s` after it was queued is given up. Other 4xx are permanent: the notice is dead at
+once. Chat robots answer HTTP 200 with an error in the body (Feishu `code`, DingTalk / WeCom
+`errcode`); their rate-limit codes are temporary, the rest permanent. Every delivery and every
+give-up lands in the incident's timeline (`notified`, `notify_failed`) and in telemetry.
+
+Grouping and rate limits. Each sink has a token bucket of `burst` messages per `window_s`. While
+tokens last, each notice goes out alone, as soon as it is queued (a single incident reaches a local
+receiver within milliseconds). When the bucket is empty the sink switches to digests: everything
+pending goes out as one message (chat robots: a digest; CloudEvents: batch mode; Alertmanager:
+one POST of all alerts) when the next token is due, then at most one message per window while
+notices keep coming; a window with nothing to send ends the storm. A 500-node outage is a handful
+of messages. Alertmanager groups alerts itself, so every POST carries everything pending; and as
+it ends an alert that is not repeated within its resolve_timeout, the latest state of incidents
+still firing is re-sent every `resend_s` (for `resend_for_s`), the way Prometheus repeats its alerts.
+
+Secrets (signing secrets, robot URLs, which embed tokens, extra headers) never reach a log line,
+an error record or a timeline: those name the sink, never its URL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import email.utils
+import hashlib
+import json
+import logging
+import os
+import random
+import sqlite3
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
+
+import httpx
+
+from agent.config import NotifySettings, SinkSettings
+from agent.outbox import Outbox, OutboxError, OutboxItem
+from agent.store import IncidentStore, StoreError
+from agent.telemetry import Telemetry
+from reports import payloads
+from reports.notice import Notice, NoticeError
+from trainmedic.errors import TrainmedicError
+from trainmedic.events import Event, IncidentEvent
+
+log = logging.getLogger("trainmedic.notify")
+
+DEDUP_HEADER = "X-Trainmedic-Dedup-Key"
+DEDUP_COUNT_HEADER = "X-Trainmedic-Dedup-Count"
+USER_AGENT = "trainmedic-notifier/1"
+# The most of a receiver's answer that is read (its error text is recorded, cut).
+MAX_RESPONSE_BYTES = 64 << 10
+
+# Chat robots answer HTTP 200 (Feishu also 400) with an error code in the JSON body. These codes
+# are rate limits or "system busy", worth retrying; any other non-zero code is permanent.
+# Feishu custom bot: 11232 frequency limit of the message service (100/min, 5/s per bot), 230020
+# per-chat rate limit, 99991400 the open platform's request frequency limit.
+FEISHU_RETRY_CODES = frozenset({11232, 230020, 99991400})
+# DingTalk custom robot: -1 system busy, 130101 "send too fast, exceed 20 times per minute",
+# 90002 / 90018 the platform's frequency limits.
+DINGTALK_RETRY_CODES = frozenset({-1, 130101, 90002, 90018})
+# WeCom group robot: -1 system busy, 45009 "api freq out of limit" (20 messages a minute per robot),
+# 45033 too many concurrent calls.
+WECOM_RETRY_CODES = frozenset({-1, 45009, 45033})
+
+
+class NotifyError(TrainmedicError):
+    """The notifier cannot be built as configured (a missing secret)."""
+
+
+# -- one request and what became of it --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one delivery attempt came to."""
+
+    result: Literal["delivered", "retry", "dead"]
+    http: int | None = None
+    error: str | None = None
+    # Seconds the receiver asked us to wait (Retry-After), when it did.
+    retry_after: float | None = None
+
+
+@dataclass
+class Message:
+    """One HTTP request carrying 1..N notices."""
+
+    url: str
+    body: bytes
+    headers: dict[str, str]
+    count: int
+
+
+def dedup_key_of(notices: Sequence[Notice]) -> str:
+    """The dedup key a message carries: the notice's own, or one derived from a digest's members
+    (the same digest retried carries the same key)."""
+    if len(notices) == 1:
+        return notices[0].dedup_key
+    digest = hashlib.sha256("\n".join(sorted(n.dedup_key for n in notices)).encode()).hexdigest()
+    return f"digest:{digest[:32]}"
+
+
+def parse_retry_after(value: str | None, *, now: float) -> float | None:
+    """Retry-After as seconds from `now`: delta-seconds or an HTTP date; None when absent or bad."""
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    return max(0.0, when.timestamp() - now)
+
+
+def backoff_delay(failures: int, *, initial: float, maximum: float, rng: random.Random) -> float:
+    """Exponential backoff with full jitter: uniform(0, min(maximum, initial * 2**(failures-1)))."""
+    cap = min(maximum, initial * 2.0 ** min(max(failures - 1, 0), 60))
+    return rng.uniform(0.0, cap)
+
+
+# -- sinks: what to send, and how to read the answer ------------------------------------------------
+
+
+class Sink:
+    """How one kind of receiver is addressed, what it gets, and what its answers mean."""
+
+    kind: ClassVar[str] = ""
+    content_type: ClassVar[str] = "application/json; charset=utf-8"
+    # Every message carries everything pending (the receiver groups by itself).
+    batches_always: ClassVar[bool] = False
+    # The latest state of incidents still firing is sent again every `resend_s` (Alertmanager ends an
+    # alert that is not repeated within its resolve_timeout).
+    resends: ClassVar[bool] = False
+
+    def __init__(self, settings: SinkSettings, *, secret: str | None, source: str) -> None:
+        self.settings = settings
+        self.name = settings.sink_name
+        self.secret = secret
+        self.source = source
+        self.statuses = settings.effective_statuses
+        self.burst = settings.effective_burst
+        self.window_s = settings.window_s
+        self.max_batch = settings.max_batch
+        self.timeout_s = settings.timeout_s
+        self.resend_s = settings.resend_s if self.resends else 0.0
+        self.resend_for_s = settings.resend_for_s
+
+    def payload(self, notices: Sequence[Notice], *, now: float) -> Any:
+        raise NotImplementedError
+
+    def url(self, *, now: float) -> str:
+        return self.settings.url
+
+    def extra_headers(self, body: bytes, *, now: float) -> dict[str, str]:
+        return {}
+
+    def build(self, notices: Sequence[Notice], *, now: float) -> Message:
+        body = payloads.encode_body(self.payload(notices, now=now))
+        headers = {
+            "Content-Type": self.content_type,
+            "User-Agent": USER_AGENT,
+            DEDUP_HEADER: dedup_key_of(notices),
+            DEDUP_COUNT_HEADER: str(len(notices)),
+        }
+        headers.update({k: v.get_secret_value() for k, v in self.settings.headers.items()})
+        headers.update(self.extra_headers(body, now=now))
+        return Message(url=self.url(now=now), body=body, headers=headers, count=len(notices))
+
+    def classify(self, status: int, body: bytes, headers: Mapping[str, str], *, now: float) -> Outcome:
+        """An HTTP answer as an outcome (subclasses read chat robots' error codes)."""
+        retry_after = parse_retry_after(headers.get("retry-after"), now=now)
+        if 200 <= status < 300:
+            return Outcome("delivered", status)
+        error = f"HTTP {status}: {_snippet(body)}".rstrip(": ")
+        if status in (408, 429) or status >= 500:
+            return Outcome("retry", status, error, retry_after)
+        return Outcome("dead", status, error)
+
+
+class CloudEventsSink(Sink):
+    kind = "cloudevents"
+    content_type = payloads.CLOUDEVENT_CONTENT_TYPE
+
+    def build(self, notices: Sequence[Notice], *, now: float) -> Message:
+        msg = super().build(notices, now=now)
+        if len(notices) > 1:
+            msg.headers["Content-Type"] = payloads.CLOUDEVENTS_BATCH_CONTENT_TYPE
+        return msg
+
+    def payload(self, notices: Sequence[Notice], *, now: float) -> Any:
+        if len(notices) == 1:
+            return payloads.cloudevent(notices[0], source=self.source)
+        return payloads.cloudevents_batch(notices, source=self.source)
+
+    def extra_headers(self, body: bytes, *, now: float) -> dict[str, str]:
+        if not self.secret:
+            return {}
+        return payloads.signature_headers(self.secret.encode(), body, timestamp=int(now))
+
+
+class AlertmanagerSink(Sink):
+    kind = "alertmanager"
+    batches_always = True
+    resends = True
+
+    def url(self, *, now: float) -> str:
+        base = self.settings.url.rstrip("/")
+        return base if base.endswith("/api/v2/alerts") else base + "/api/v2/alerts"
+
+    def payload(self, notices: Sequence[Notice], *, now: float) -> Any:
+        return payloads.alertmanager_alerts(notices, now=now)
+
+
+class _ChatSink(Sink):
+    # The JSON body fields holding the robot's result code, and the codes worth retrying.
+    code_fields: ClassVar[tuple[str, ...]] = ("errcode",)
+    retry_codes: ClassVar[frozenset[int]] = frozenset()
+
+    def classify(self, status: int, body: bytes, headers: Mapping[str, str], *, now: float) -> Outcome:
+        code, message = _robot_code(body, self.code_fields)
+        if code is not None and code != 0 and (200 <= status < 300 or 400 <= status < 500):
+            error = f"HTTP {status}, code {code}: {message or '-'}"
+            if code in self.retry_codes:
+                return Outcome("retry", status, error, parse_retry_after(headers.get("retry-after"), now=now))
+            return Outcome("dead", status, error)
+        return super().classify(status, body, headers, now=now)
+
+
+class FeishuSink(_ChatSink):
+    kind = "feishu"
+    code_fields = ("code", "StatusCode")
+    retry_codes = FEISHU_RETRY_CODES
+
+    def payload(self, notices: Sequence[Notice], *, now: float) -> Any:
+        return payloads.feishu_message(notices, lang=self.settings.lang, secret=self.secret, timestamp=int(now))
+
+
+class DingTalkSink(_ChatSink):
+    kind = "dingtalk"
+    retry_codes = DINGTALK_RETRY_CODES
+
+    def url(self, *, now: float) -> str:
+        if not self.secret:
+            return self.settings.url
+        return payloads.dingtalk_signed_url(self.settings.url, self.secret, int(now * 1000))
+
+    def payload(self, notices: Sequence[Notice], *, now: float) -> Any:
+        return payloads.dingtalk_message(notices, lang=self.settings.lang)
+
+
+class WeComSink(_ChatSink):
+    kind = "wecom"
+    retry_codes = WECOM_RETRY_CODES
+
+    def payload(self, notices: Sequence[Notice], *, now: float) -> Any:
+        return payloads.wecom_message(notices, lang=self.settings.lang)
+
+
+class SlackSink(Sink):
+    # Slack's incoming webhooks use plain HTTP statuses (400 invalid_payload, 404 channel_not_found,
+    # 429 with Retry-After), so the base classification applies.
+    kind = "slack"
+
+    def payload(self, notices: Sequence[Notice], *, now: float) -> Any:
+        return payloads.slack_message(notices, lang=self.settings.lang)
+
+
+SINK_TYPES: dict[str, type[Sink]] = {
+    t.kind: t for t in (CloudEventsSink, AlertmanagerSink, FeishuSink, DingTalkSink, WeComSink, SlackSink)
+}
+
+
+def _robot_code(body: bytes, fields: Sequence[str]) -> tuple[int | None, str | None]:
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return None, None
+    if not isinstance(data, dict):
+        return None, None
+    for name in fields:
+        value = data.get(name)
+        if isinstance(value, int) and not isinstance(value, bool):
+            msg = data.get("msg") or data.get("errmsg") or data.get("StatusMessage")
+            return value, _snippet(str(msg).encode()) if msg is not None else None
+    return None, None
+
+
+def _snippet(body: bytes, limit: int = 300) -> str:
+    text = body[: limit * 4].decode("utf-8", "replace").strip().replace("\n", " ")
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def resolve_secret(settings: SinkSettings, env: Mapping[str, str] | None = None) -> str | None:
+    """The sink's signing secret from `secret` or the variable named by `secret_env`."""
+    if settings.secret is not None:
+        return settings.secret.get_secret_value() or None
+    if settings.secret_env:
+        value = (os.environ if env is None else env).get(settings.secret_env)
+        if not value:
+            raise NotifyError(
+                f"notify sink {settings.sink_name}: environment variable {settings.secret_env} (secret_env) is not set"
+            )
+        return value
+    return None
+
+
+# -- the notifier -----------------------------------------------------------------------------------
+
+
+@dataclass
+class _Runner:
+    """One sink's delivery state: its token bucket, digest mode and backoff."""
+
+    sink: Sink
+    client: httpx.AsyncClient
+    tokens: float
+    refilled: float
+    # While set, the sink is in digest mode: the next message (everything pending) goes at this time.
+    digest_at: float | None = None
+    paused_until: float = 0.0
+    failures: int = 0
+    # When firing alerts are next re-sent (resending sinks); 0: at the first idle moment.
+    resend_at: float = 0.0
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    task: asyncio.Task[float | None] | None = None
+
+    def refill(self, now: float) -> None:
+        rate = self.sink.burst / self.sink.window_s
+        self.tokens = min(float(self.sink.burst), self.tokens + max(0.0, now - self.refilled) * rate)
+        self.refilled = now
+
+    def next_token(self, now: float) -> float:
+        return now + max(0.0, 1.0 - self.tokens) * self.sink.window_s / self.sink.burst
+
+
+class Notifier:
+    """Owns the sinks built from NotifySettings and delivers the outbox to them."""
+
+    def __init__(
+        self,
+        settings: NotifySettings,
+        *,
+        outbox: Outbox,
+        store: IncidentStore | None,
+        telemetry: Telemetry,
+        clock: Callable[[], float] = time.time,
+        report_url: Callable[[str], str | None] | None = None,
+        rng: random.Random | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.outbox = outbox
+        self.store = store
+        self.telemetry = telemetry
+        self.clock = clock
+        self.report_url = report_url
+        self.rng = rng or random.Random()  # noqa: S311 (jitter, not cryptography)
+        self.sinks: list[Sink] = []
+        problems = []
+        if settings.enabled:
+            for s in settings.sinks:
+                try:
+                    secret = resolve_secret(s, env)
+                except NotifyError as e:
+                    problems.append(str(e))
+                    continue
+                self.sinks.append(SINK_TYPES[s.kind](s, secret=secret, source=settings.source))
+        if problems:
+            raise NotifyError("; ".join(problems))
+        self._runners: dict[str, _Runner] = {}
+
+    # -- queueing -------------------------------------------------------------------------------------
+
+    async def enqueue(self, event: Event) -> None:
+        """An IncidentEvent becomes one outbox row per interested sink, committed before this returns.
+
+        Never raises: a notice that cannot be built or stored is logged (and counted) as lost, so the
+        responder's own work goes on."""
+        if not isinstance(event.payload, IncidentEvent) or not self.sinks:
+            return
+        incident_id = event.payload.incident_id
+        try:
+            url = self.report_url(incident_id) if self.report_url is not None else None
+            notice = Notice.from_incident_event(event, report_url=url)
+        except (NoticeError, ValueError) as e:
+            log.error("incident %s: cannot build a notice (%s); it is not sent", incident_id, e)
+            return
+        targets = [s for s in self.sinks if notice.status in s.statuses]
+        if not targets:
+            return
+        try:
+            added = set(self.outbox.enqueue_many([s.name for s in targets], notice))
+        except (OutboxError, sqlite3.Error) as e:
+            log.error("incident %s: notice %s could not be stored in the outbox: %s", incident_id, notice.dedup_key, e)
+            for s in targets:
+                self.telemetry.notifications.labels(s.name, "enqueue_failed").inc()
+            return
+        for s in targets:
+            if s.name in added:
+                self.telemetry.notifications.labels(s.name, "queued").inc()
+                self.telemetry.outbox_depth.labels(s.name).inc()
+                runner = self._runners.get(s.name)
+                if runner is not None:
+                    runner.wake.set()
+            else:
+                self.telemetry.notifications.labels(s.name, "duplicate").inc()
+
+    # -- delivery loops -------------------------------------------------------------------------------
+
+    def _runner(self, sink: Sink) -> _Runner:
+        runner = self._runners.get(sink.name)
+        if runner is None:
+            client = httpx.AsyncClient(verify=sink.settings.tls_verify, follow_redirects=False)
+            runner = _Runner(sink=sink, client=client, tokens=float(sink.burst), refilled=self.clock())
+            self._runners[sink.name] = runner
+        return runner
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Deliver until `stop` is set: one loop per sink, each woken by enqueue or by its next due time."""
+        if not self.sinks:
+            await stop.wait()
+            return
+        for name, count in self.outbox.sinks_pending().items():
+            if name not in {s.name for s in self.sinks}:
+                log.warning("outbox: %d notices wait for sink %s, which is no longer configured", count, name)
+        loops = [
+            asyncio.create_task(self._loop(self._runner(s), stop), name=f"trainmedic:notify:{s.name}")
+            for s in self.sinks
+        ]
+        try:
+            await asyncio.gather(*loops)
+        finally:
+            for t in loops:
+                t.cancel()
+            await asyncio.gather(*loops, return_exceptions=True)
+
+    async def _loop(self, r: _Runner, stop: asyncio.Event) -> None:
+        self._gauge(r.sink)
+        while not stop.is_set():
+            r.wake.clear()
+            try:
+                if r.task is None or r.task.done():
+                    r.task = asyncio.create_task(self._pump(r), name=f"trainmedic:notify:{r.sink.name}:send")
+                # A send in flight finishes even when this loop is cancelled (shutdown); flush waits for it.
+                nxt = await asyncio.shield(r.task)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("notify sink %s: delivery pass failed; retrying", r.sink.name)
+                nxt = self.clock() + self.settings.retry_initial_s
+            timeout = None if nxt is None else max(0.0, nxt - self.clock())
+            await _wait_any(r.wake, stop, timeout)
+
+    async def flush(self, timeout_s: float) -> None:
+        """Deliver what is due now, ignoring rate limits (shutdown, the demo, the benchmark); returns
+        when nothing due is left or after `timeout_s`. What fails stays queued for the next run."""
+        if not self.sinks:
+            return
+
+        async def one(r: _Runner) -> None:
+            if r.task is not None and not r.task.done():
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(r.task)
+            await self._pump(r, flush=True)
+
+        runners = [self._runner(s) for s in self.sinks]
+        tasks = [asyncio.create_task(one(r)) for r in runners]
+        done, pending = await asyncio.wait(tasks, timeout=timeout_s)
+        for t in pending:
+            t.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        for t in done:
+            if not t.cancelled() and t.exception() is not None:
+                log.error("notify: flush failed: %s", t.exception())
+        if pending:
+            log.warning("notify: flush stopped after %.1f s; %d notices stay queued", timeout_s, self.outbox.depth())
+
+    async def aclose(self) -> None:
+        """Cancel what is in flight (it stays queued) and close the HTTP clients."""
+        for r in self._runners.values():
+            if r.task is not None and not r.task.done():
+                r.task.cancel()
+        await asyncio.gather(*(r.task for r in self._runners.values() if r.task is not None), return_exceptions=True)
+        for r in self._runners.values():
+            await r.client.aclose()
+        self._runners.clear()
+
+    # -- one sink's pass ------------------------------------------------------------------------------
+
+    async def _pump(self, r: _Runner, *, flush: bool = False) -> float | None:
+        """Send what the rate limit allows now; the time of the next thing to do (None: wait for enqueue)."""
+        sink = r.sink
+        async with r.lock:
+            while True:
+                now = self.clock()
+                if now < r.paused_until:
+                    return r.paused_until
+                items = self.outbox.due(sink.name, now=now, limit=sink.max_batch)
+                if not items:
+                    if r.digest_at is not None and now >= r.digest_at:
+                        r.digest_at = None  # a window with nothing to send: the storm is over
+                    resend_at = None
+                    if sink.resend_s > 0 and not flush:
+                        if now >= r.resend_at:
+                            await self._resend(r, now)
+                            r.resend_at = self.clock() + sink.resend_s
+                        resend_at = r.resend_at
+                    return _earliest(self.outbox.next_due(sink.name), r.digest_at, resend_at)
+                r.refill(now)
+                digest = False
+                if sink.batches_always:
+                    if r.tokens < 1 and not flush:
+                        return r.next_token(now)
+                    batch = items
+                elif r.digest_at is None and r.tokens >= 1:
+                    batch = items[:1]
+                else:
+                    if r.digest_at is None:
+                        r.digest_at = r.next_token(now)
+                        log.info(
+                            "notify sink %s: more than %d messages in %.0f s; merging notices into digests",
+                            sink.name,
+                            sink.burst,
+                            sink.window_s,
+                        )
+                    if now < r.digest_at and not flush:
+                        return r.digest_at
+                    batch, digest = items, True
+                r.tokens = max(0.0, r.tokens - 1.0)
+                outcome = await self._send(r, batch)
+                if digest and outcome.result != "retry":
+                    r.digest_at = self.clock() + sink.window_s
+
+    async def _resend(self, r: _Runner, now: float) -> None:
+        """Send the latest state of every incident still firing again (what was delivered stays so)."""
+        sink = r.sink
+        items = self.outbox.latest_delivered(sink.name, since=now - sink.resend_for_s, limit=sink.max_batch)
+        notices = [i.notice for i in items if i.notice.firing]
+        if not notices:
+            return
+        try:
+            msg = sink.build(notices, now=now)
+        except Exception:
+            log.exception("notify sink %s: cannot build the re-sent alerts", sink.name)
+            return
+        outcome = await self._post(r, msg, now=now)
+        if outcome.result == "delivered":
+            self.telemetry.notifications.labels(sink.name, "resent").inc(len(notices))
+        else:
+            self.telemetry.webhook_failures.labels(sink.name).inc()
+            log.warning(
+                "notify sink %s: re-sending %d firing alert(s) failed: %s", sink.name, len(notices), outcome.error
+            )
+
+    async def _send(self, r: _Runner, items: Sequence[OutboxItem]) -> Outcome:
+        sink = r.sink
+        now = self.clock()
+        notices = [i.notice for i in items]
+        try:
+            msg = sink.build(notices, now=now)
+        except Exception as e:  # noqa: BLE001 (a notice no builder renders must not block the ones behind it)
+            outcome = Outcome("dead", None, f"cannot build the message: {type(e).__name__}: {e}")
+            log.error("notify sink %s: %s", sink.name, outcome.error)
+            self._settle(r, items, outcome)
+            return outcome
+        outcome = await self._post(r, msg, now=now)
+        self._settle(r, items, outcome)
+        if outcome.result == "delivered" and sink.resend_s > 0:
+            # What was just sent is fresh; the next re-send of everything firing is a period away.
+            r.resend_at = max(r.resend_at, self.clock() + sink.resend_s)
+        return outcome
+
+    async def _post(self, r: _Runner, msg: Message, *, now: float) -> Outcome:
+        sink = r.sink
+        try:
+            async with r.client.stream(
+                "POST", msg.url, content=msg.body, headers=msg.headers, timeout=sink.timeout_s
+            ) as resp:
+                body = bytearray()
+                async for chunk in resp.aiter_bytes():
+                    body += chunk
+                    if len(body) >= MAX_RESPONSE_BYTES:
+                        break
+                return sink.classify(resp.status_code, bytes(body), resp.headers, now=now)
+        except httpx.TimeoutException as e:
+            return Outcome("retry", None, f"timeout after {sink.timeout_s:g} s ({type(e).__name__})")
+        except httpx.HTTPError as e:
+            return Outcome("retry", None, _redact(f"{type(e).__name__}: {e}", msg.url, sink.settings.url))
+
+    def _settle(self, r: _Runner, items: Sequence[OutboxItem], outcome: Outcome) -> None:
+        """Record an outcome: outbox first (the truth), then timeline, telemetry and the log."""
+        sink = r.sink
+        now = self.clock()
+        ids = [i.id for i in items]
+        digest = len(items) > 1
+        if outcome.result == "delivered":
+            r.failures = 0
+            self.outbox.delivered(ids, now=now, detail={"http": outcome.http, "digest": len(items)})
+            self.telemetry.notifications.labels(sink.name, "delivered").inc(len(items))
+            for i in items:
+                self._note(i, "notified", outcome, extra={"digest": len(items)} if digest else None)
+            log.debug("notify sink %s: delivered %d notice(s), HTTP %s", sink.name, len(items), outcome.http)
+        elif outcome.result == "dead":
+            self.telemetry.webhook_failures.labels(sink.name).inc()
+            self.outbox.dead(ids, error=outcome.error or "permanent error", now=now)
+            self.telemetry.notifications.labels(sink.name, "dead").inc(len(items))
+            for i in items:
+                self._note(i, "notify_failed", outcome, extra={"error": outcome.error, "permanent": True})
+            log.error("notify sink %s: %d notice(s) refused for good: %s", sink.name, len(items), outcome.error or "-")
+        else:
+            self.telemetry.webhook_failures.labels(sink.name).inc()
+            r.failures += 1
+            if outcome.retry_after is not None:
+                delay = min(outcome.retry_after, self.settings.retry_max_s)
+            else:
+                delay = backoff_delay(
+                    r.failures,
+                    initial=self.settings.retry_initial_s,
+                    maximum=self.settings.retry_max_s,
+                    rng=self.rng,
+                )
+            next_at = now + delay
+            r.paused_until = next_at
+            give_up = [i for i in items if next_at - i.created > self.settings.give_up_after_s]
+            keep = [i for i in items if i not in give_up]
+            if keep:
+                self.outbox.retry_later([i.id for i in keep], error=outcome.error or "temporary error", next_at=next_at)
+                self.telemetry.notifications.labels(sink.name, "retried").inc(len(keep))
+            if give_up:
+                why = f"gave up after {self.settings.give_up_after_s:g} s: {outcome.error or 'temporary error'}"
+                self.outbox.dead([i.id for i in give_up], error=why, now=now)
+                self.telemetry.notifications.labels(sink.name, "dead").inc(len(give_up))
+                for i in give_up:
+                    self._note(i, "notify_failed", outcome, extra={"error": why, "permanent": False})
+                log.error("notify sink %s: gave up on %d notice(s): %s", sink.name, len(give_up), why)
+            log.warning(
+                "notify sink %s: delivery failed (%s); retrying %d notice(s) in %.1f s",
+                sink.name,
+                outcome.error,
+                len(keep),
+                delay,
+            )
+        self._gauge(sink)
+
+    def _note(self, item: OutboxItem, kind: str, outcome: Outcome, *, extra: Mapping[str, Any] | None) -> None:
+        if self.store is None:
+            return
+        detail: dict[str, Any] = {
+            "sink": item.sink,
+            "status": item.status,
+            "http": outcome.http,
+            "attempt": item.attempts + 1,
+        }
+        detail.update({k: v for k, v in (extra or {}).items() if v is not None})
+        try:
+            self.store.note(item.incident_id, kind, detail)
+        except (StoreError, sqlite3.Error) as e:
+            log.warning("incident %s: cannot note %s in its timeline: %s", item.incident_id, kind, e)
+
+    def _gauge(self, sink: Sink) -> None:
+        try:
+            self.telemetry.outbox_depth.labels(sink.name).set(self.outbox.depth(sink.name))
+        except OutboxError as e:
+            log.warning("outbox: cannot count pending notices: %s", e)
+
+
+def _earliest(*times: float | None) -> float | None:
+    known = [t for t in times if t is not None]
+    return min(known) if known else None
+
+
+def _redact(text: str, *urls: str) -> str:
+    """`text` without the URLs (chat robots carry their token in the URL)."""
+    for url in sorted(set(urls), key=len, reverse=True):
+        if url:
+            text = text.replace(url, "<url>")
+    return text
+
+
+async def _wait_any(wake: asyncio.Event, stop: asyncio.Event, timeout: float | None) -> None:
+    if wake.is_set() or stop.is_set():
+        return
+    waiters = [asyncio.create_task(wake.wait()), asyncio.create_task(stop.wait())]
+    try:
+        await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waiters:
+            w.cancel()
+        await asyncio.gather(*waiters, return_exceptions=True)
+
+
+def build_notifier(
+    settings: NotifySettings,
+    *,
+    store_path: str,
+    store: IncidentStore | None,
+    telemetry: Telemetry,
+    clock: Callable[[], float] = time.time,
+) -> Notifier | None:
+    """The notifier of `trainmedic run` (None when no sink is configured or notifications are off).
+
+    Raises NotifyError / OutboxError when it cannot be built (the agent logs why and goes on)."""
+    if not settings.enabled or not settings.sinks:
+        return None
+    base = settings.report_base_url.rstrip("/") if settings.report_base_url else None
+
+    def report_url(incident_id: str) -> str | None:
+        return f"{base}/api/v1/incidents/{incident_id}/report?format=html" if base else None
+
+    outbox = Outbox(store_path, clock=clock)
+    try:
+        return Notifier(settings, outbox=outbox, store=store, telemetry=telemetry, clock=clock, report_url=report_url)
+    except NotifyError:
+        outbox.close()
+        raise
+
+
+__all__ = [
+    "DEDUP_HEADER",
+    "SINK_TYPES",
+    "Message",
+    "Notifier",
+    "NotifyError",
+    "Outcome",
+    "Sink",
+    "backoff_delay",
+    "build_notifier",
+    "dedup_key_of",
+    "parse_retry_after",
+    "resolve_secret",
+]
