@@ -58,6 +58,7 @@ class Agent:
     disabled: dict[str, str] = field(default_factory=dict)
     brain: Brain | None = None
     responder: Any = None  # agent.responder.Responder when remediation is on (brain / all roles)
+    api_app: Any = None  # the FastAPI app when the API is on (its `state.server` once it listens)
     notifier: Any = None  # agent.notify.Notifier when notify.sinks are configured (with the responder)
     stop: asyncio.Event = field(default_factory=asyncio.Event)
     started: asyncio.Event = field(default_factory=asyncio.Event)
@@ -330,6 +331,8 @@ def _add_api(agent: Agent, producer: str) -> None:
         fast={"auto": None, "fast": True, "re": False}[s.detect.engine],
         producer=producer,
     )
+
+    agent.api_app = app
 
     async def run_api() -> None:
         try:

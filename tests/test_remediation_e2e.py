@@ -93,14 +93,23 @@ def policy_file(env: Env, **changes: Any) -> Path:
     return out
 
 
-def settings(env: Env, *, mode: str = "enforce", policy: Path | None = None, **detect: Any) -> Settings:
+def settings(
+    env: Env,
+    *,
+    mode: str = "enforce",
+    policy: Path | None = None,
+    notify: dict[str, Any] | None = None,
+    api: dict[str, Any] | None = None,
+    **detect: Any,
+) -> Settings:
     return Settings.model_validate(
         {
             "node_name": "brain-0",
             "log_format": "text",
             "kubernetes": {"follow_pod_logs": True},
             "logs": {"enabled": False},
-            "api": {"port": 0},
+            "api": {"port": 0, **(api or {})},
+            "notify": notify or {},
             "kernel": {"source": "off"},
             "metrics": {"nvml": False},
             "detect": {"window_s": 0.5, **detect},
@@ -315,6 +324,92 @@ async def test_xid79_quarantines_the_node_and_resumes_the_job_elsewhere(env: Env
     for p in c.pods.values():
         pod = obj(env, "v1/pods", p.name)
         assert "trainmedic.io/scene" not in ((pod or {}).get("metadata") or {}).get("finalizers", [])
+
+
+@pytest.mark.asyncio
+async def test_a_pipeline_incident_reaches_every_sink_has_reports_and_is_served_by_the_api(env: Env) -> None:
+    """Issue 5's loop: log and kernel lines -> brain -> responder -> store -> outbox -> real HTTP
+    receivers (CloudEvents signed, a Feishu robot) -> reports in both languages -> the API, with auth."""
+    import httpx
+    from servers.receiver import Receiver, Reply
+
+    from reports.payloads import verify
+
+    c = env.cluster
+    for n in ("gpu-1", "gpu-2", "gpu-3"):
+        await c.add_node(n, gpus=8, labels={"node.kubernetes.io/instance-type": "h100x8"})
+    ckpt = env.tmp / "ckpt"
+    write_hf_checkpoints(ckpt, 1000, half_written=1500)
+    token, secret = "api-token-0123456789", "ce-secret"
+    async with Receiver(default=Reply(200, {"code": 0})) as rx:
+        s = settings(
+            env,
+            policy=policy_file(env, circuit_breaker__max_share=0.5),
+            notify={
+                "sinks": [
+                    {"kind": "cloudevents", "url": f"{rx.url}/ce", "secret": secret},
+                    {"kind": "feishu", "url": f"{rx.url}/feishu", "lang": "zh"},
+                ]
+            },
+            api={"token": token},
+        )
+        run = await start_agent(env, s)
+        try:
+            job, pods = await training_job(env, "llama", ["gpu-1", "gpu-2"], ckpt=ckpt)
+            await followed(env, pods)
+            c.write_log(pods[0], "trainer", NCCL_ERR)
+            await kernel_line(run, "gpu-2", job, XID79)
+            [(incident_id, status)] = await until("the incident", lambda: terminal(run))
+            assert status is IncidentStatus.RESOLVED
+            ce = await rx.wait_for(3, path="/ce", timeout=30)
+            feishu = await rx.wait_for(1, path="/feishu", timeout=30)
+            server = await until("the API listening", lambda: getattr(run.agent.api_app.state, "server", None))
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.port}") as api:
+                detail = await api.get(f"/api/v1/incidents/{incident_id[:12]}")
+                report = await api.get(
+                    f"/api/v1/incidents/{incident_id}/report", params={"format": "html", "lang": "zh"}
+                )
+                anonymous = await api.post(f"/api/v1/incidents/{incident_id}/approve", json={"by": "someone"})
+                wrong = await api.post(
+                    f"/api/v1/incidents/{incident_id}/approve",
+                    json={"by": "someone"},
+                    headers={"Authorization": "Bearer not-the-token"},
+                )
+                resolved_already = await api.post(
+                    f"/api/v1/incidents/{incident_id}/approve",
+                    json={"by": "someone"},
+                    headers={"Authorization": f"Bearer {token}"},
+                )
+                metrics = await api.get("/metrics")
+            await until("the report files", (env.tmp / "scenes" / incident_id / "report.zh.html").is_file)
+        finally:
+            await run.stop()
+
+    # Every sink, every state the sink wants, signed where it is signed.
+    assert [r.json()["type"].rsplit(".", 1)[1] for r in ce] == ["open", "acting", "resolved"]
+    assert all(verify(secret.encode(), r.headers, r.body, now=time.time()) for r in ce)
+    assert {r.header("x-trainmedic-dedup-key") for r in ce} == {
+        f"{incident_id}/{x}" for x in ("open", "acting", "resolved")
+    }
+    assert ce[-1].json()["data"]["code"] == "xid:79" and ce[-1].json()["data"]["node"] == "gpu-2"
+    assert feishu[0].json()["msg_type"] == "interactive"
+    # The store holds the whole story, notifications included.
+    store = run.store
+    try:
+        kinds = [e["kind"] for e in store.timeline(incident_id)]
+    finally:
+        store.close()
+    assert {"detected", "scene_saved", "notified", "report"} <= set(kinds)
+    # Reports in both languages and both formats beside the scene.
+    for name in ("report.en.md", "report.zh.md", "report.en.html", "report.zh.html"):
+        assert (env.tmp / "scenes" / incident_id / name).stat().st_size > 0, name
+    # The API serves it; only the token changes state.
+    assert detail.status_code == 200 and detail.json()["id"] == incident_id
+    assert report.status_code == 200 and report.headers["content-type"].startswith("text/html")
+    assert "xid:79" in report.text
+    assert anonymous.status_code == 401 and wrong.status_code == 401
+    assert resolved_already.status_code == 409
+    assert 'trainmedic_notifications_total{outcome="delivered",sink="cloudevents"} 3.0' in metrics.text
 
 
 @pytest.mark.asyncio
