@@ -380,13 +380,21 @@ def _settings_or_exit(config: Path | None) -> Any:
         raise SystemExit(EXIT_UNUSABLE) from exc
 
 
+def _store_path(args: argparse.Namespace) -> str | None:
+    """The incident store `--store` or the settings name; None (with the reason said) when it is not there."""
+    path: str = args.store or _settings_or_exit(args.config).remediate.store
+    if path != ":memory:" and not Path(path).is_file():
+        print(f"trainmedic: no incident store at {path} (remediate.store)", file=sys.stderr)
+        return None
+    return path
+
+
 def _incidents(args: argparse.Namespace) -> int:
     """`trainmedic incidents [ID]` and `trainmedic approve ID [--reject]` over the incident store."""
     from agent.store import IncidentStore, StoreError
 
-    path = args.store or _settings_or_exit(args.config).remediate.store
-    if path != ":memory:" and not Path(path).is_file():
-        print(f"trainmedic: no incident store at {path} (remediate.store)", file=sys.stderr)
+    path = _store_path(args)
+    if path is None:
         return EXIT_UNUSABLE
     try:
         store = IncidentStore(path)
@@ -430,9 +438,8 @@ def _report(args: argparse.Namespace) -> int:
     from agent.store import IncidentStore, StoreError
     from reports.report import ReportError
 
-    path = args.store or _settings_or_exit(args.config).remediate.store
-    if path != ":memory:" and not Path(path).is_file():
-        print(f"trainmedic: no incident store at {path} (remediate.store)", file=sys.stderr)
+    path = _store_path(args)
+    if path is None:
         return EXIT_UNUSABLE
     try:
         store = IncidentStore(path)

@@ -24,8 +24,8 @@ import json
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -33,6 +33,7 @@ from typing import Any
 
 from reports.notice import Notice, NoticeError
 from trainmedic.errors import TrainmedicError
+from trainmedic.sqlitedb import immediate, open_durable
 
 # Delivered and dead rows are kept this long (late duplicates of a notice are still dropped).
 RETENTION_S = 30 * 86400.0
@@ -115,15 +116,10 @@ class Outbox:
         self.clock = clock
         self._lock = threading.RLock()
         try:
-            if self.path != ":memory:":
-                Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-            self._db = sqlite3.connect(self.path, timeout=busy_timeout_s, check_same_thread=False, isolation_level=None)
+            self._db = open_durable(self.path, busy_timeout_s=busy_timeout_s)
         except (OSError, sqlite3.Error) as e:
-            raise OutboxError(f"outbox {self.path}: cannot open: {e}") from e
+            raise OutboxError(f"outbox {self.path}: cannot open it, or not a usable SQLite file: {e}") from e
         try:
-            self._db.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=FULL")
             self._migrate()
             self.prune(self.clock() - retention_s)
         except OutboxError:
@@ -145,22 +141,8 @@ class Outbox:
 
     # -- plumbing -------------------------------------------------------------------------------------
 
-    @contextmanager
-    def _tx(self) -> Iterator[sqlite3.Connection]:
-        with self._lock:
-            try:
-                self._db.execute("BEGIN IMMEDIATE")
-            except sqlite3.Error as e:
-                raise OutboxError(f"outbox {self.path}: {e}") from e
-            try:
-                yield self._db
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            try:
-                self._db.execute("COMMIT")
-            except sqlite3.Error as e:
-                raise OutboxError(f"outbox {self.path}: commit failed: {e}") from e
+    def _tx(self) -> AbstractContextManager[sqlite3.Connection]:
+        return immediate(self._db, self._lock, lambda why: OutboxError(f"outbox {self.path}: {why}"))
 
     def _read(self, sql: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         with self._lock:

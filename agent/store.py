@@ -25,14 +25,15 @@ import json
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 from trainmedic.errors import TrainmedicError
+from trainmedic.sqlitedb import immediate, open_durable
 
 
 class StoreError(TrainmedicError):
@@ -206,14 +207,10 @@ class IncidentStore:
     def __init__(self, path: str | Path, *, clock: Any = time.time) -> None:
         self.path = str(path)
         self.clock = clock
-        if self.path != ":memory:":
-            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         try:
-            self._db = sqlite3.connect(self.path, timeout=10.0, check_same_thread=False, isolation_level=None)
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=FULL")
+            self._db = open_durable(self.path)
             self._db.execute("PRAGMA foreign_keys=ON")
-        except sqlite3.Error as e:
+        except (OSError, sqlite3.Error) as e:
             raise StoreError(f"incident store {self.path}: cannot open: {e}") from e
         self._lock = threading.RLock()
         self._migrate()
@@ -224,20 +221,8 @@ class IncidentStore:
 
     # -- plumbing -------------------------------------------------------------------------------------
 
-    @contextmanager
-    def _tx(self) -> Iterator[sqlite3.Connection]:
-        with self._lock:
-            try:
-                self._db.execute("BEGIN IMMEDIATE")
-            except sqlite3.Error as e:
-                raise StoreError(f"incident store {self.path}: {e}") from e
-            try:
-                yield self._db
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            else:
-                self._db.execute("COMMIT")
+    def _tx(self) -> AbstractContextManager[sqlite3.Connection]:
+        return immediate(self._db, self._lock, lambda why: StoreError(f"incident store {self.path}: {why}"))
 
     def _migrate(self) -> None:
         with self._tx() as db:

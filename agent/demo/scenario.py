@@ -659,7 +659,7 @@ async def _run(
                 checked = [d.verified for d in got if d.verified is not None]
                 result.webhooks_verified = sum(1 for v in checked if v) if checked else None
                 progress.line("webhooks_total", n=len(got))
-            _reports(dc, result)
+            await _reports(dc, result)
             if inspect is not None:
                 inspect(dc, result)
         finally:
@@ -844,26 +844,29 @@ def _collect(dc: DemoCluster, sc: Scenario, watch: IncidentWatch, r: FaultResult
         r.problems.append("the job was restarted; the policy only notifies for this fault")
 
 
-def _reports(dc: DemoCluster, r: FaultResult) -> None:
+async def _reports(dc: DemoCluster, r: FaultResult) -> None:
+    """The reports the responder wrote beside the scene when the incident settled (its timeline's
+    `report` entry names the files); the demo only reads them back."""
     if r.incident_id is None:
         return
-    try:
-        from agent.reporting import write_reports
-    except ImportError as e:
-        r.warnings.append(f"reports off: {e}")
-        dc.progress.line("no_report", why=str(e))
+    files: list[str] = []
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(10):
+            while not files:
+                for e in await asyncio.to_thread(dc.store.timeline, r.incident_id):
+                    if e["kind"] == "report":
+                        files = [str(f) for f in (e.get("detail") or {}).get("files") or []]
+                if not files:
+                    await asyncio.sleep(0.05)
+    if not files:
+        r.warnings.append("no report was written for the incident")
+        dc.progress.line("no_report", why="no report in the incident's timeline")
         return
-    try:
-        paths = write_reports(dc.store, r.incident_id, dc.workdir / "reports" / r.incident_id)
-    except Exception as e:  # noqa: BLE001 - the run's result stands; the report problem is reported
-        r.warnings.append(f"report not written: {type(e).__name__}: {e}")
-        dc.progress.line("no_report", why=f"{type(e).__name__}: {e}")
-        return
-    r.reports = {k: str(v) for k, v in paths.items()}
-    lang = dc.progress.lang
-    html = [k for k in paths if "html" in k]
-    pick = next((k for k in html if lang in k), None) or (html[0] if html else None)
-    r.report_html = str(paths[pick]) if pick is not None else None
+    # report.<lang>.<fmt> -> "<lang>.<fmt>", as write_reports names them.
+    r.reports = {Path(f).name.removeprefix("report."): f for f in files}
+    html = [k for k in r.reports if k.endswith(".html")]
+    pick = next((k for k in html if k.startswith(dc.progress.lang)), None) or (html[0] if html else None)
+    r.report_html = r.reports[pick] if pick is not None else None
     if r.report_html:
         dc.progress.line("report", path=r.report_html)
 

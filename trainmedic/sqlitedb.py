@@ -1,0 +1,53 @@
+"""The durable SQLite setup shared by the incident store and the notification outbox.
+
+Both keep what the agent has acknowledged: WAL with `synchronous=FULL` (a committed transaction
+survives a crash or power loss), autocommit mode with explicit `BEGIN IMMEDIATE` transactions (the
+write lock is taken first, so a writer never fails half way on a lock upgrade), and a busy timeout
+so the CLI and the agent can share the file.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+
+def open_durable(path: str, *, busy_timeout_s: float = 10.0) -> sqlite3.Connection:
+    """A connection to `path` (":memory:" for a throwaway one), its folder created. sqlite3.Error
+    and OSError are the caller's to turn into its own error type."""
+    if path != ":memory:":
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+    db = sqlite3.connect(path, timeout=busy_timeout_s, check_same_thread=False, isolation_level=None)
+    try:
+        db.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=FULL")
+    except sqlite3.Error:
+        db.close()
+        raise
+    return db
+
+
+@contextmanager
+def immediate(
+    db: sqlite3.Connection, lock: threading.RLock, error: Callable[[str], Exception]
+) -> Iterator[sqlite3.Connection]:
+    """One write transaction: committed when the block ends, rolled back when it raises. A failure
+    to begin or to commit is raised as `error(reason)`."""
+    with lock:
+        try:
+            db.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as e:
+            raise error(str(e)) from e
+        try:
+            yield db
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        try:
+            db.execute("COMMIT")
+        except sqlite3.Error as e:
+            raise error(f"commit failed: {e}") from e
