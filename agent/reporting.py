@@ -75,6 +75,11 @@ FAULT_METRICS: dict[str, tuple[str, ...]] = {
     "comm_init": ("link_status", "network_status"),
     "comm_error": ("link_status", "network_status"),
     "hang": ("accelerator_power",),
+    "node_failure": ("health", "accelerator_utilization"),
+    "process_killed": ("accelerator_utilization",),
+    "app_error": ("accelerator_utilization",),
+    "storage_error": ("accelerator_utilization",),
+    "unknown": ("accelerator_utilization",),
 }
 _RESTARTS = ("restart_from_checkpoint", "raise_memory_limit")
 # "step 120", "step=120", "global_step: 120", "Step 12/100", "[step 5]", Megatron's "iteration  120/ 1000".

@@ -10,8 +10,10 @@ The reasoning, in order:
    is explained by any other device error of the same job, or by the Xid named in its own
    "caused by previous Xid N" trailer; collective timeouts and communication errors are explained by
    any stronger cause (a rank that died of a device error or OOM leaves its peers waiting).
-3. Rank: hardware device errors > host OOM kills > accelerator OOM > application-caused device
-   errors (Xid 13/31/43, illegal address) > communication init > communication errors > hangs.
+3. Rank: hardware device errors > lost nodes > host OOM kills > accelerator OOM > storage faults >
+   application-caused device errors (Xid 13/31/43, illegal address) > communication init > the
+   program's own exceptions and crashes > ranks killed from outside > communication errors > hangs >
+   "the workload failed and nothing says why".
    Within one weight, the earliest finding wins (the first observed failure).
 4. Localise: node / device / rank of the winning finding, plus every rank and node where the same
    code was seen.
@@ -34,17 +36,29 @@ from trainmedic.models import (
 
 CLASS_WEIGHT: dict[FaultClass, int] = {
     FaultClass.DEVICE_ERROR: 90,
+    # A lost node takes its ranks with it; a device error on it is the more precise cause.
+    FaultClass.NODE_FAILURE: 85,
     FaultClass.HOST_OOM: 80,
     FaultClass.ACCELERATOR_OOM: 75,
+    # A full or broken disk surfaces as an OSError traceback: the storage fault is the cause.
+    FaultClass.STORAGE_ERROR: 72,
     FaultClass.COMM_INIT: 60,
+    # The program's own exception outranks what its peers then see (closed connections, timeouts,
+    # the launcher's SIGTERM to the survivors).
+    FaultClass.APP_ERROR: 58,
+    FaultClass.PROCESS_KILLED: 50,
     FaultClass.COMM_ERROR: 40,
     FaultClass.HANG: 20,
+    # The workload failed and no line explains it: a cause only when there is nothing else.
+    FaultClass.UNKNOWN: 2,
 }
 APPLICATION_DEVICE_ERROR_WEIGHT = 70
 IGNORABLE_WEIGHT = 8
 CONSEQUENCE_WEIGHT = 4
 # Symptoms that a stronger cause elsewhere in the job explains.
-SYMPTOM_CLASSES = frozenset({FaultClass.HANG, FaultClass.COMM_ERROR})
+SYMPTOM_CLASSES = frozenset(
+    {FaultClass.HANG, FaultClass.COMM_ERROR, FaultClass.PROCESS_KILLED, FaultClass.UNKNOWN}
+)
 
 
 def enrich(finding: Finding) -> tuple[Finding, udal.CatalogEntry | None]:

@@ -53,6 +53,11 @@ FAULT_SEVERITY = {
     "comm_error": "critical",
     "accelerator_oom": "warning",
     "host_oom": "warning",
+    "node_failure": "critical",
+    "process_killed": "warning",
+    "storage_error": "warning",
+    "app_error": "warning",
+    "unknown": "warning",
 }
 _RULE_SEVERITY = {"critical": "critical", "error": "critical", "warning": "warning", "info": "info"}
 
@@ -82,6 +87,11 @@ FAULT_TEXT: dict[str, dict[str, str]] = {
     "comm_init": {"en": "collective communication init failed", "zh": "集合通信初始化失败"},
     "comm_error": {"en": "collective communication error", "zh": "集合通信错误"},
     "hang": {"en": "training hang", "zh": "训练挂起"},
+    "node_failure": {"en": "node lost or unhealthy", "zh": "节点失联或异常"},
+    "process_killed": {"en": "training process killed", "zh": "训练进程被终止"},
+    "storage_error": {"en": "storage error", "zh": "存储故障"},
+    "app_error": {"en": "training program error", "zh": "训练程序错误"},
+    "unknown": {"en": "training interrupted, cause unknown", "zh": "训练中断，原因未知"},
 }
 ACTION_STATE_TEXT: dict[str, dict[str, str]] = {
     "planned": {"en": "planned", "zh": "待执行"},

@@ -20,6 +20,16 @@ class FaultClass(StrEnum):
     COMM_INIT = "comm_init"
     COMM_ERROR = "comm_error"
     HANG = "hang"
+    # A node lost or unhealthy: NotReady, unreachable taints, kubelet silent, node gone.
+    NODE_FAILURE = "node_failure"
+    # A rank killed from outside with no OOM evidence (SIGKILL, SIGTERM, preemption).
+    PROCESS_KILLED = "process_killed"
+    # Checkpoint or data I/O failed: disk full, stale NFS handle, EIO, read-only fs, quota.
+    STORAGE_ERROR = "storage_error"
+    # The program failed by itself: Python exception, native crash, collective mismatch.
+    APP_ERROR = "app_error"
+    # The workload failed and nothing explains it; the evidence is attached all the same.
+    UNKNOWN = "unknown"
 
 
 class Chip(StrEnum):
@@ -38,6 +48,8 @@ class Action(StrEnum):
     REBOOT_NODE = "reboot_node"
     ISOLATE_NODE = "isolate_node"
     CONTACT_SUPPORT = "contact_support"
+    # The job's owner must act (fix the code, free the disk): a restart as is would fail the same way.
+    NOTIFY_OWNER = "notify_owner"
 
 
 class Source(StrEnum):
