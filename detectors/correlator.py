@@ -93,15 +93,46 @@ def correlate(findings: Sequence[Finding], *, lines_scanned: int = 0) -> Diagnos
     weights = [weight(f, e) for f, e in enriched]
     if not enriched:
         return Diagnosis(root_cause=None, findings=[], distinct_findings=0, lines_scanned=lines_scanned)
-    # Max weight; ties go to the earliest finding (input order is file order, then line order).
-    best = max(range(len(enriched)), key=lambda i: (weights[i], -i))
+    best = _best(enriched, weights)
     root_finding, root_entry = enriched[best]
     root = _root_cause(root_finding, root_entry, [f for f, _ in enriched])
+    _localise_origin(root, [f for f, _ in enriched])
     for i, (f, _) in enumerate(enriched):
         if i != best and f.consequence_of is None and f.fault_class in SYMPTOM_CLASSES and weights[i] < weights[best]:
             f.consequence_of = root.code
     ordered = [enriched[i][0] for i in sorted(range(len(enriched)), key=lambda i: (-weights[i], i))]
     return Diagnosis(root_cause=root, findings=ordered, distinct_findings=len(ordered), lines_scanned=lines_scanned)
+
+
+# Rules whose findings name the rank that failed first (torch elastic's failure summary).
+ORIGIN_RULES = frozenset({"generic.elastic_failure"})
+
+
+def _best(enriched: list[tuple[Finding, udal.CatalogEntry | None]], weights: list[int]) -> int:
+    """The root: the highest weight; among equals the earliest by the logs' own timestamps when they
+    carry them, else the first in input order (file order, then line order)."""
+    top = max(weights)
+    tied = [i for i, w in enumerate(weights) if w == top]
+    timed = [i for i in tied if enriched[i][0].timestamp is not None]
+    if timed:
+        return min(timed, key=lambda i: (enriched[i][0].timestamp or 0.0, i))
+    return tied[0]
+
+
+def _localise_origin(root: RootCause, findings: list[Finding]) -> None:
+    """Name the rank that failed first when the root itself does not: torch elastic's earliest
+    failure block (its "Root Cause (first observed failure)"), on the root's node if it has one."""
+    if root.rank is not None:
+        return
+    blocks = [f for f in findings if f.rule_id in ORIGIN_RULES and f.rank is not None]
+    if root.node is not None:
+        blocks = [f for f in blocks if f.node == root.node]
+    if not blocks:
+        return
+    first = min(blocks, key=lambda f: f.timestamp if f.timestamp is not None else float("inf"))
+    root.rank = first.rank
+    if root.node is None:
+        root.node = first.node
 
 
 def _explain_consequences(enriched: list[tuple[Finding, udal.CatalogEntry | None]]) -> None:

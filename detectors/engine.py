@@ -27,12 +27,15 @@ import json
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, BinaryIO
 
 import numpy as np
 
 from detectors.anchors import MIN_ANCHOR_LEN, Anchor, required_anchors
+import udal
 from detectors.localize import localize
+from detectors.phase import PHASE_SENSITIVE, PhaseMarkers, load_phase_markers
 from detectors.schema import Rule
 from trainmedic.models import Finding, Source
 
@@ -95,6 +98,8 @@ class Engine:
             for p in rule.patterns:
                 self._pats.append(_Pat(ri, re.compile(p, re.ASCII), rule.continuation > 0))
             self._unless.append([re.compile(u, re.ASCII) for u in rule.unless])
+        self._rule_index = {rule.id: ri for ri, rule in enumerate(self.rules)}
+        self._phases: PhaseMarkers = load_phase_markers()
         self._line_ids = [i for i, p in enumerate(self._pats) if not p.continuation]
         self._cont_ids = [i for i, p in enumerate(self._pats) if p.continuation]
         self._prefilters = {
@@ -218,7 +223,30 @@ class Engine:
                 if found is not None:
                     found.last_line_no = first_line + last
                     findings.append(found)
+        self._classify(findings, lines, first_line, n_lines)
         return findings, consumed, n_lines if whole else len(nl)
+
+    def _classify(self, findings: list[Finding], lines: _Lines, first_line: int, n_lines: int) -> None:
+        """Settle each finding's class: the chip catalog's class for rules that extract any vendor
+        code (`catalog_class`), then the phase (detectors/phase.py) for phase-sensitive rules."""
+        for f in findings:
+            rule = self.rules[self._rule_index[f.rule_id]]
+            if rule.catalog_class:
+                entry = udal.lookup(f.chip, f.code)
+                if entry is not None and entry.fault_class is not None:
+                    f.fault_class = entry.fault_class
+            sensitive = rule.phase if rule.phase is not None else rule.fault_class in PHASE_SENSITIVE
+            if not sensitive or f.fault_class not in PHASE_SENSITIVE or f.line_no is None:
+                continue
+            idx = f.line_no - first_line
+
+            def neighbour(k: int, idx: int = idx) -> str | None:
+                j = idx + k
+                if j < 0 or j >= n_lines:
+                    return None
+                return lines.get(j).decode("utf-8", "replace")
+
+            f.fault_class = self._phases.resolve(f.fault_class, lines.get(idx).decode("utf-8", "replace"), neighbour)
 
     def _wrapped_candidates(
         self, body: bytes, nl: np.ndarray[Any, Any], lines: _Lines
@@ -315,6 +343,7 @@ def build_finding(rule: Rule, match: re.Match[str], text: str, line_no: int | No
     code = _fill(rule.code, values)
     values["code"] = code
     loc = localize(text, groups)
+    ts = _timestamp(groups.get("ts"))
     return Finding(
         rule_id=rule.id,
         fault_class=rule.fault_class,
@@ -329,6 +358,7 @@ def build_finding(rule: Rule, match: re.Match[str], text: str, line_no: int | No
         node=loc.node,
         device=loc.device,
         rank=loc.rank,
+        timestamp=ts,
         action=rule.action,
         vendor_action=rule.vendor_action,
         message=rule.message.model_copy(
@@ -338,6 +368,21 @@ def build_finding(rule: Rule, match: re.Match[str], text: str, line_no: int | No
         groups=groups,
         priority=rule.priority,
     )
+
+
+_TS_FORMATS = ("%Y-%m-%d_%H:%M:%S", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M:%S")
+
+
+def _timestamp(value: str | None) -> float | None:
+    """A rule's `ts` group as epoch seconds (UTC assumed: only compared within one job's logs)."""
+    if not value:
+        return None
+    for fmt in _TS_FORMATS:
+        try:
+            return datetime.strptime(value[:19], fmt).replace(tzinfo=UTC).timestamp()
+        except ValueError:
+            continue
+    return None
 
 
 class _SafeDict(dict[str, str]):

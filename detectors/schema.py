@@ -88,6 +88,12 @@ class Rule(BaseModel):
     vendor_action: str | None = None
     # Correlation weight override (0-100); by default the fault class decides (detectors.correlator).
     priority: int | None = Field(default=None, ge=0, le=100)
+    # Phase-sensitive (detectors/phase.py): the class becomes comm_init when the failure happened while
+    # a communicator, rendezvous or store was being built. Default: true for comm_error and hang.
+    phase: bool | None = None
+    # The chip catalog's class for the code wins over `fault_class` when the code is catalogued
+    # (generic code extractors: any Xid, any CANN error code); `fault_class` is the fallback.
+    catalog_class: bool = False
     # Join up to N following continuation lines before extracting groups (multi-line messages).
     continuation: int = Field(default=0, ge=0, le=MAX_CONTINUATION_LINES)
     references: list[str] = Field(default_factory=list)

@@ -45,6 +45,9 @@ def test_real_log_classified_to_its_label(
         assert rc is None, f"negative excerpt gave {rc and rc.code}"
         return
     assert rc is not None, "no root cause found"
+    if str(entry.get("notes") or "").startswith("AMBIGUOUS"):
+        # Real text with an uncertain label (the corpus README): a cause must be found, not this one.
+        return
     assert rc.fault_class.value == expected
     assert rc.chip.value in (entry["chip"], "generic") or entry["chip"] == "generic"
     if entry["xid"] is not None:

@@ -61,6 +61,18 @@ def xid154_action(message: str) -> Action | None:
     return XID154_ACTIONS.get(match.group(1).strip().lower())
 
 
+# ncclResult_t values (nccl.h): the number NCCL's debug trail prints, and the name the catalog keys.
+NCCL_RESULTS: dict[int, str] = {
+    1: "ncclUnhandledCudaError",
+    2: "ncclSystemError",
+    3: "ncclInternalError",
+    4: "ncclInvalidArgument",
+    5: "ncclInvalidUsage",
+    6: "ncclRemoteError",
+    7: "ncclInProgress",
+}
+
+
 class NvidiaPlugin(ChipPlugin):
     chip = Chip.NVIDIA
     name = "nvidia"
@@ -117,7 +129,11 @@ class NvidiaPlugin(ChipPlugin):
         match = _XID_CODE.match(code)
         if match:
             return f"xid:{int(match.group(1))}"
-        return code.strip()
+        text = code.strip()
+        if text.startswith("nccl:") and text[5:].isdigit():
+            # ncclResult_t by number (NCCL's "file.cc:line -> N" trail), nccl.h order.
+            return NCCL_RESULTS.get(int(text[5:]), text)
+        return text
 
     def detect_vendor(self, labels: Mapping[str, str]) -> bool:
         if labels.get("nvidia.com/gpu.present", "").strip().lower() == "true":

@@ -1,0 +1,132 @@
+"""Which phase a communication failure happened in: building the communicator, or training.
+
+DESIGN.md: a communication failure raised while the communicator, rendezvous or store is being
+built is `comm_init` whatever the result code says; the same code during training is `comm_error`;
+waiting on peers past a deadline during training is `hang`. The phase is decided here, once, for
+every rule, from phase markers (rules/phases/phases.yaml) rather than by each rule's wording:
+
+1. A marker on the finding's own line decides (a runtime marker wins over an init one there:
+   NCCL's `ncclCommInitRank ... - Init COMPLETE` ends initialisation).
+2. Otherwise the nearest marker around it decides: the frames of the traceback above it
+   (`in init_process_group`, `in _store_based_barrier` / `in all_reduce`), NCCL's `init.cc:1234 -> 2`
+   return-code trail, HCCL's `HcclCommInitRootInfo` lines, looking up to `BEFORE` lines back and
+   `AFTER` lines ahead within the same text. Nearer lines win; at equal distance, the line before.
+3. No marker: the rule's own class stands.
+
+Only findings of phase-sensitive rules are resolved (a rule's `phase`, by default true for the
+classes `comm_error` and `hang`), and only towards `comm_init`: a timeout or result code met while
+the communicator is being built becomes an init failure; nothing is ever moved out of `comm_init`.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from rules import RULES_DIR
+from trainmedic.datafile import format_error, node_line, parse_yaml
+from trainmedic.errors import Problem, TrainmedicError
+from trainmedic.models import FaultClass
+
+PHASES_FILE = RULES_DIR / "phases" / "phases.yaml"
+BEFORE = 30
+AFTER = 8
+# Classes a phase marker may turn into comm_init.
+PHASE_SENSITIVE = frozenset({FaultClass.COMM_ERROR, FaultClass.HANG})
+
+
+class Marker(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    pattern: str = Field(min_length=1)
+    note: str = ""
+
+
+class PhaseFile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    version: int = Field(default=1, ge=1, le=1)
+    # Markers of a communicator, rendezvous or store being built.
+    init: list[Marker] = Field(min_length=1)
+    # Markers of collectives running in training (or of initialisation having completed).
+    runtime: list[Marker] = Field(min_length=1)
+
+
+class PhaseError(TrainmedicError):
+    """The phase marker file cannot be used; every problem is listed as file:line."""
+
+    def __init__(self, problems: list[Problem]) -> None:
+        self.problems = problems
+        super().__init__("; ".join(str(p) for p in problems))
+
+
+@dataclass(frozen=True, slots=True)
+class PhaseMarkers:
+    init: re.Pattern[str]
+    runtime: re.Pattern[str]
+
+    def on_line(self, text: str) -> FaultClass | None:
+        """COMM_ERROR when the line carries a runtime marker, COMM_INIT for an init one, else None.
+
+        Runtime first: the lines that end initialisation name the init call too."""
+        if self.runtime.search(text):
+            return FaultClass.COMM_ERROR
+        if self.init.search(text):
+            return FaultClass.COMM_INIT
+        return None
+
+    def resolve(self, fault_class: FaultClass, line: str, neighbour: Callable[[int], str | None]) -> FaultClass:
+        """The class of a finding on `line`; `neighbour(k)` is the line k lines away (None past the text)."""
+        if fault_class not in PHASE_SENSITIVE:
+            return fault_class
+        phase = self.on_line(line)
+        k = 1
+        while phase is None and k <= BEFORE:
+            for offset in (-k, k) if k <= AFTER else (-k,):
+                text = neighbour(offset)
+                if text is not None:
+                    phase = self.on_line(text)
+                    if phase is not None:
+                        break
+            k += 1
+        return FaultClass.COMM_INIT if phase is FaultClass.COMM_INIT else fault_class
+
+
+def _compile(markers: list[Marker], name: str, what: str, problems: list[Problem]) -> re.Pattern[str]:
+    for i, m in enumerate(markers):
+        try:
+            re.compile(m.pattern)
+        except re.error as exc:
+            problems.append(Problem(name, None, f"{what}.{i}: invalid regex {m.pattern!r}: {exc}"))
+    return re.compile("|".join(f"(?:{m.pattern})" for m in markers), re.ASCII)
+
+
+def parse_phase_file(text: str, name: str) -> PhaseMarkers:
+    root, data, problem = parse_yaml(text, name)
+    if problem is not None:
+        raise PhaseError([problem])
+    try:
+        spec = PhaseFile.model_validate(data)
+    except ValidationError as exc:
+        raise PhaseError([Problem(name, node_line(root, e["loc"]), format_error(e)) for e in exc.errors()]) from None
+    problems: list[Problem] = []
+    init = _compile(spec.init, name, "init", problems)
+    runtime = _compile(spec.runtime, name, "runtime", problems)
+    if problems:
+        raise PhaseError(problems)
+    return PhaseMarkers(init=init, runtime=runtime)
+
+
+@functools.cache
+def load_phase_markers(path: Path = PHASES_FILE) -> PhaseMarkers:
+    """The shipped phase markers (compiled once per process)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise PhaseError([Problem(str(path), None, f"cannot read: {exc.strerror or exc}")]) from None
+    return parse_phase_file(text, path.name)
