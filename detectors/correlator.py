@@ -56,9 +56,7 @@ APPLICATION_DEVICE_ERROR_WEIGHT = 70
 IGNORABLE_WEIGHT = 8
 CONSEQUENCE_WEIGHT = 4
 # Symptoms that a stronger cause elsewhere in the job explains.
-SYMPTOM_CLASSES = frozenset(
-    {FaultClass.HANG, FaultClass.COMM_ERROR, FaultClass.PROCESS_KILLED, FaultClass.UNKNOWN}
-)
+SYMPTOM_CLASSES = frozenset({FaultClass.HANG, FaultClass.COMM_ERROR, FaultClass.PROCESS_KILLED, FaultClass.UNKNOWN})
 
 
 def enrich(finding: Finding) -> tuple[Finding, udal.CatalogEntry | None]:

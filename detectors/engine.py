@@ -32,8 +32,8 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from detectors.anchors import MIN_ANCHOR_LEN, Anchor, required_anchors
 import udal
+from detectors.anchors import MIN_ANCHOR_LEN, Anchor, required_anchors
 from detectors.localize import localize
 from detectors.phase import PHASE_SENSITIVE, PhaseMarkers, load_phase_markers
 from detectors.schema import Rule
