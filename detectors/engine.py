@@ -35,9 +35,10 @@ import numpy as np
 import udal
 from detectors.anchors import MIN_ANCHOR_LEN, Anchor, required_anchors
 from detectors.localize import localize
+from detectors.phase import MAX_LINE as MAX_MARKER_LINE
 from detectors.phase import PHASE_SENSITIVE, PhaseMarkers, load_phase_markers
 from detectors.schema import Rule
-from trainmedic.models import Finding, Source
+from trainmedic.models import FaultClass, Finding, Source
 
 _hs: Any
 try:
@@ -229,6 +230,7 @@ class Engine:
     def _classify(self, findings: list[Finding], lines: _Lines, first_line: int, n_lines: int) -> None:
         """Settle each finding's class: the chip catalog's class for rules that extract any vendor
         code (`catalog_class`), then the phase (detectors/phase.py) for phase-sensitive rules."""
+        marks: dict[int, FaultClass | None] = {}  # line index -> phase marker, shared by the findings
         for f in findings:
             rule = self.rules[self._rule_index[f.rule_id]]
             if rule.catalog_class:
@@ -240,13 +242,15 @@ class Engine:
                 continue
             idx = f.line_no - first_line
 
-            def neighbour(k: int, idx: int = idx) -> str | None:
+            def neighbour(k: int, idx: int = idx) -> FaultClass | bool | None:
                 j = idx + k
                 if j < 0 or j >= n_lines:
-                    return None
-                return lines.get(j).decode("utf-8", "replace")
+                    return False
+                if j not in marks:
+                    marks[j] = self._phases.on_line(lines.get(j)[:MAX_MARKER_LINE])
+                return marks[j]
 
-            f.fault_class = self._phases.resolve(f.fault_class, lines.get(idx).decode("utf-8", "replace"), neighbour)
+            f.fault_class = self._phases.resolve(f.fault_class, lines.get(idx), neighbour)
 
     def _wrapped_candidates(
         self, body: bytes, nl: np.ndarray[Any, Any], lines: _Lines
@@ -681,10 +685,18 @@ def _find_literals(
     lut = np.zeros(65536, dtype=bool)
     lut[list(plan)] = True
     hits = np.flatnonzero(lut[big])
+    # Group the hits by pair once (a stable sort keeps each pair's positions ascending), instead of
+    # one pass over all hits per pair: with many anchors and a few common pairs that was quadratic.
     values = big[hits]
+    order = np.argsort(values, kind="stable")
+    sorted_values, sorted_hits = values[order], hits[order]
+    uniq, first = np.unique(sorted_values, return_index=True)
+    last = np.append(first[1:], len(sorted_values))
+    spans = dict(zip(uniq.tolist(), zip(first.tolist(), last.tolist(), strict=True), strict=True))
     n = len(arr)
     for pair, entries in plan.items():
-        at = hits[values == pair]
+        lo, hi = spans.get(pair, (0, 0))
+        at = sorted_hits[lo:hi]
         for offset, lit, use in entries:
             starts = at - offset
             starts = starts[(starts >= 0) & (starts + len(lit) <= n)]

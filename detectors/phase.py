@@ -36,6 +36,7 @@ from trainmedic.models import FaultClass
 PHASES_FILE = RULES_DIR / "phases" / "phases.yaml"
 BEFORE = 30
 AFTER = 8
+MAX_LINE = 512  # bytes of a line looked at for markers (log lines can be megabytes)
 # Classes a phase marker may turn into comm_init.
 PHASE_SENSITIVE = frozenset({FaultClass.COMM_ERROR, FaultClass.HANG})
 
@@ -67,10 +68,11 @@ class PhaseError(TrainmedicError):
 
 @dataclass(frozen=True, slots=True)
 class PhaseMarkers:
-    init: re.Pattern[str]
-    runtime: re.Pattern[str]
+    # Compiled over bytes: the engine hands raw lines over without decoding them.
+    init: re.Pattern[bytes]
+    runtime: re.Pattern[bytes]
 
-    def on_line(self, text: str) -> FaultClass | None:
+    def on_line(self, text: bytes) -> FaultClass | None:
         """COMM_ERROR when the line carries a runtime marker, COMM_INIT for an init one, else None.
 
         Runtime first: the lines that end initialisation name the init call too."""
@@ -80,30 +82,34 @@ class PhaseMarkers:
             return FaultClass.COMM_INIT
         return None
 
-    def resolve(self, fault_class: FaultClass, line: str, neighbour: Callable[[int], str | None]) -> FaultClass:
-        """The class of a finding on `line`; `neighbour(k)` is the line k lines away (None past the text)."""
+    def resolve(
+        self, fault_class: FaultClass, line: bytes, neighbour: Callable[[int], FaultClass | bool | None]
+    ) -> FaultClass:
+        """The class of a finding on `line`. `neighbour(k)` is the phase marked on the line k lines away:
+        a class, None for no marker, False past the text (see `marks`)."""
         if fault_class not in PHASE_SENSITIVE:
             return fault_class
-        phase = self.on_line(line)
+        phase = self.on_line(line[:MAX_LINE])
         k = 1
         while phase is None and k <= BEFORE:
             for offset in (-k, k) if k <= AFTER else (-k,):
-                text = neighbour(offset)
-                if text is not None:
-                    phase = self.on_line(text)
-                    if phase is not None:
-                        break
+                found = neighbour(offset)
+                if found is not False and found is not None:
+                    phase = found
+                    break
             k += 1
         return FaultClass.COMM_INIT if phase is FaultClass.COMM_INIT else fault_class
 
 
-def _compile(markers: list[Marker], name: str, what: str, problems: list[Problem]) -> re.Pattern[str]:
+def _compile(markers: list[Marker], name: str, what: str, problems: list[Problem]) -> re.Pattern[bytes]:
     for i, m in enumerate(markers):
         try:
             re.compile(m.pattern)
         except re.error as exc:
             problems.append(Problem(name, None, f"{what}.{i}: invalid regex {m.pattern!r}: {exc}"))
-    return re.compile("|".join(f"(?:{m.pattern})" for m in markers), re.ASCII)
+    if problems:
+        return re.compile(b"(?!)")
+    return re.compile("|".join(f"(?:{m.pattern})" for m in markers).encode("utf-8"), re.ASCII)
 
 
 def parse_phase_file(text: str, name: str) -> PhaseMarkers:
