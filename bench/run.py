@@ -50,6 +50,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench import corpus as corpus_mod  # noqa: E402
+from bench import heldout as heldout_mod  # noqa: E402
 from bench.ere import Unconvertible, to_ere  # noqa: E402
 from detectors.engine import has_hyperscan  # noqa: E402
 from detectors.loader import load_rules  # noqa: E402
@@ -57,8 +58,8 @@ from detectors.schema import Rule  # noqa: E402
 
 DEFAULT_LINES = 1_000_000
 QUICK_LINES = 100_000
-GOAL_FAST_LINES_PER_S = 1_000_000
-GOAL_RE_LINES_PER_S = 300_000
+GOAL_FAST_LINES_PER_S = 1_400_000
+GOAL_RE_LINES_PER_S = 400_000
 RESULTS = ROOT / "bench" / "results.json"
 GREP = "grep"
 
@@ -275,6 +276,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             fast_res = run_worker("fast", corpus_path, args.repeats, cpu, args.profile, args.no_unwrap)
         else:
             log("hyperscan is not installed: no fast-path figures")
+        raw_res: dict[str, Any] | None = None
+        if hs:
+            log(f"raw Hyperscan scan (same patterns, no line bookkeeping) on CPU {cpu}, {args.repeats} repeats")
+            raw_res = run_worker("raw", corpus_path, args.repeats, cpu, False, args.no_unwrap)
         log(f"re path on CPU {cpu}, {args.repeats} repeats")
         re_res = run_worker("re", corpus_path, args.repeats, cpu, args.profile, args.no_unwrap)
 
@@ -295,6 +300,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     grep_cpu = [float(s) for s in grep_res["cpu_s"]]
     grep_rate = round(corpus.lines / _median(grep_wall))
 
+    raw_mb = None
+    if raw_res is not None and "error" not in raw_res:
+        raw_mb = round(corpus.bytes / _median([float(s) for s in raw_res["wall_s"]]) / 1e6, 1)
     fast_found, re_found = _findings(fast_res), _findings(re_res)
     paths_agree = None if fast_found is None or re_found is None else fast_found == re_found
     profiles = {
@@ -312,6 +320,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "grep_lines_per_s": grep_rate,
         "classify_peak_rss_mb": max(peaks) if peaks else None,
         "fast_vs_grep": _ratio(fast_rate, grep_rate),
+        "hyperscan_raw_mb_per_s": raw_mb,
+        "fast_vs_raw": _ratio(fast.get("classify_fast_mb_per_s"), raw_mb),
         "re_vs_grep": _ratio(re_rate, grep_rate),
         "goal_fast_lines_per_s": GOAL_FAST_LINES_PER_S,
         "goal_re_lines_per_s": GOAL_RE_LINES_PER_S,
@@ -371,6 +381,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }
     if profiles:
         result["profile_top"] = profiles
+    log("diagnosis accuracy on the held-out real excerpts (bench/heldout.py)")
+    result.update(heldout_mod.figures())
     return result
 
 
