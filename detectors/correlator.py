@@ -21,7 +21,7 @@ The reasoning, in order:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import udal
 from trainmedic.models import (
@@ -84,8 +84,10 @@ def weight(finding: Finding, entry: udal.CatalogEntry | None) -> int:
     return base * 4 + SEVERITY_RANK[finding.severity]
 
 
-def correlate(findings: Sequence[Finding], *, lines_scanned: int = 0) -> Diagnosis:
-    """Reduce the findings of one job (or one `diagnose` run) to a diagnosis."""
+def correlate(findings: Sequence[Finding], *, lines_scanned: int = 0, ranks_seen: Iterable[int] = ()) -> Diagnosis:
+    """Reduce the findings of one job (or one `diagnose` run) to a diagnosis. `ranks_seen`: every
+    rank whose log was read (a scene bundle, a directory of per-rank logs), so that a hang can name
+    the rank that is missing from the timeouts."""
     enriched = [enrich(f) for f in findings]
     _explain_consequences(enriched)
     weights = [weight(f, e) for f, e in enriched]
@@ -95,6 +97,8 @@ def correlate(findings: Sequence[Finding], *, lines_scanned: int = 0) -> Diagnos
     root_finding, root_entry = enriched[best]
     root = _root_cause(root_finding, root_entry, [f for f, _ in enriched])
     _localise_origin(root, [f for f, _ in enriched])
+    if root.fault_class is FaultClass.HANG:
+        _localise_stalled(root, [f for f, _ in enriched], set(ranks_seen))
     for i, (f, _) in enumerate(enriched):
         if i != best and f.consequence_of is None and f.fault_class in SYMPTOM_CLASSES and weights[i] < weights[best]:
             f.consequence_of = root.code
@@ -131,6 +135,22 @@ def _localise_origin(root: RootCause, findings: list[Finding]) -> None:
     root.rank = first.rank
     if root.node is None:
         root.node = first.node
+
+
+def _localise_stalled(root: RootCause, findings: list[Finding], ranks_seen: set[int]) -> None:
+    """Ranks that wait on a collective report a timeout; the rank that stalled does not. When every
+    rank whose log was read reports one but a single rank, that rank is where to look."""
+    waiting = {f.rank for f in findings if f.fault_class is FaultClass.HANG and f.rank is not None}
+    silent = ranks_seen - waiting
+    if len(ranks_seen) < 2 or len(silent) != 1 or not waiting:
+        return
+    (rank,) = silent
+    root.rank = rank
+    en, zh = (
+        f" Rank {rank} reported no timeout while its peers waited: look at rank {rank} first.",
+        (f"rank {rank} 没有上报超时而其他 rank 都在等待：请先检查 rank {rank}。"),
+    )
+    root.summary = I18nText(en=root.summary.en + en, zh=root.summary.zh + zh)
 
 
 def _explain_consequences(enriched: list[tuple[Finding, udal.CatalogEntry | None]]) -> None:

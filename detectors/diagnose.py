@@ -8,6 +8,7 @@ bundle's container logs with their pod, rank and node, its kernel lines node by 
 from __future__ import annotations
 
 import gzip
+import re
 import sys
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import ExitStack
@@ -86,15 +87,44 @@ def scan_inputs(engine: Engine, names: Iterable[str]) -> Iterator[tuple[list[Fin
                 raise InputError(f"{name}: cannot read: {exc}") from exc
 
 
+# A rank in a log file's name: rank3.log, rank_3.txt, worker-rank-3.out, log_rank03 (torchrun's
+# --log-dir writes attempt_0/<local_rank>/stdout.log, which names no global rank).
+_RANK_IN_NAME = re.compile(r"(?:^|[^a-z])rank[-_]?(\d{1,5})(?:[^0-9]|$)", re.IGNORECASE)
+
+
+def place_of(name: str, root: str | None) -> tuple[str | None, int | None]:
+    """(node, rank) a file's place in a collected layout says: under DIR/<node>/..., the first folder
+    below DIR is the node (one folder per node, as MindCluster and nvidia-bug-report collections lay
+    them out); a rank in the file name is the rank. The logs' own words win over both."""
+    node = None
+    if root is not None:
+        rel = Path(name).relative_to(root).parts
+        if len(rel) > 1:
+            node = rel[0]
+    m = _RANK_IN_NAME.search(Path(name).name)
+    return node, int(m.group(1)) if m else None
+
+
 def diagnose_paths(paths: Sequence[str], engine: Engine) -> Diagnosis:
     """Classify every input and correlate all findings as one job."""
-    names = expand_inputs(paths)
     findings: list[Finding] = []
+    ranks: set[int] = set()
     lines = 0
-    for found, n in scan_inputs(engine, names):
-        findings.extend(found)
-        lines += n
-    return correlate(findings, lines_scanned=lines)
+    for path in paths:
+        root = path if path != "-" and Path(path).is_dir() else None
+        names = expand_inputs([path])
+        for name, (found, n) in zip(names, scan_inputs(engine, names), strict=True):
+            node, rank = place_of(name, root)
+            if rank is not None:
+                ranks.add(rank)
+            findings.extend(
+                f.model_copy(update={"node": f.node or node, "rank": f.rank if f.rank is not None else rank})
+                if node is not None or rank is not None
+                else f
+                for f in found
+            )
+            lines += n
+    return correlate(findings, lines_scanned=lines, ranks_seen=ranks)
 
 
 def diagnose_text(text: str | bytes, engine: Engine, *, name: str = "<text>") -> Diagnosis:
@@ -181,4 +211,5 @@ def diagnose_inputs(inputs: Sequence[LogInput], engine: Engine) -> Diagnosis:
             if item.source is not None:
                 update["source"] = item.source
             findings.append(f.model_copy(update=update))
-    return correlate(findings, lines_scanned=lines)
+    ranks = {item.rank for item in inputs if item.rank is not None}
+    return correlate(findings, lines_scanned=lines, ranks_seen=ranks)

@@ -248,10 +248,10 @@ class Engine:
                 continue
             idx = f.line_no - first_line
 
-            def neighbour(k: int, idx: int = idx) -> FaultClass | bool | None:
+            def neighbour(k: int, idx: int = idx) -> FaultClass | None:
                 j = idx + k
                 if j < 0 or j >= n_lines:
-                    return False
+                    return None
                 if j not in marks:
                     marks[j] = self._phases.on_line(lines.get(j)[:MAX_MARKER_LINE])
                 return marks[j]

@@ -83,19 +83,18 @@ class PhaseMarkers:
         return None
 
     def resolve(
-        self, fault_class: FaultClass, line: bytes, neighbour: Callable[[int], FaultClass | bool | None]
+        self, fault_class: FaultClass, line: bytes, neighbour: Callable[[int], FaultClass | None]
     ) -> FaultClass:
-        """The class of a finding on `line`. `neighbour(k)` is the phase marked on the line k lines away:
-        a class, None for no marker, False past the text (see `marks`)."""
+        """The class of a finding on `line`. `neighbour(k)` is the phase marked on the line k lines away
+        (None: no marker there, or no such line)."""
         if fault_class not in PHASE_SENSITIVE:
             return fault_class
         phase = self.on_line(line[:MAX_LINE])
         k = 1
         while phase is None and k <= BEFORE:
             for offset in (-k, k) if k <= AFTER else (-k,):
-                found = neighbour(offset)
-                if found is not False and found is not None:
-                    phase = found
+                phase = neighbour(offset)
+                if phase is not None:
                     break
             k += 1
         return FaultClass.COMM_INIT if phase is FaultClass.COMM_INIT else fault_class

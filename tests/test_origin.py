@@ -1,0 +1,107 @@
+"""The origin of a job's failure: the rank that failed first, the rank that stalled, the node a
+collected layout names. A peer that waited is never named in its place."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from detectors.diagnose import diagnose_paths, diagnose_text, place_of
+from detectors.engine import Engine
+from trainmedic.models import FaultClass
+
+ELASTIC = """torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+train.py FAILED
+------------------------------------------------------------
+Failures:
+[1]:
+  time      : 2024-05-09_10:20:03
+  host      : gpu-node-2
+  rank      : 3 (local_rank: 1)
+  exitcode  : -9 (pid: 2899)
+  error_file: <N/A>
+  traceback : Signal 9 (SIGKILL) received by PID 2899
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2024-05-09_10:19:57
+  host      : gpu-node-1
+  rank      : 1 (local_rank: 1)
+  exitcode  : -9 (pid: 2893)
+  error_file: <N/A>
+  traceback : Signal 9 (SIGKILL) received by PID 2893
+============================================================
+"""
+
+
+@pytest.mark.parametrize("path", ["fast", "re"])
+def test_the_first_observed_failure_names_the_rank(path: str, fast_engine: Engine, re_engine: Engine) -> None:
+    rc = diagnose_text(ELASTIC, fast_engine if path == "fast" else re_engine).root_cause
+    assert rc is not None
+    assert rc.fault_class is FaultClass.PROCESS_KILLED
+    assert (rc.rank, rc.node) == (1, "gpu-node-1")
+
+
+def _write(root: Path, files: dict[str, str]) -> None:
+    for name, text in files.items():
+        p = root / name
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text, encoding="utf-8")
+
+
+GLOO_TIMEOUT = (
+    "RuntimeError: [../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] "
+    "Timed out waiting 20000ms for recv operation to complete\n"
+)
+
+
+@pytest.mark.parametrize(("ranks", "stalled"), [(4, 2), (2, 0), (8, 7)])
+def test_the_rank_missing_from_the_timeouts_is_named(
+    ranks: int, stalled: int, tmp_path: Path, re_engine: Engine
+) -> None:
+    files = {f"rank{r}.log": ("step 41\n" if r == stalled else "step 41\n" + GLOO_TIMEOUT) for r in range(ranks)}
+    _write(tmp_path, files)
+    rc = diagnose_paths([str(tmp_path)], re_engine).root_cause
+    assert rc is not None
+    assert rc.fault_class is FaultClass.HANG
+    assert rc.rank == stalled
+    assert f"rank {stalled}" in rc.summary.en
+
+
+def test_when_two_ranks_are_silent_no_rank_is_picked(tmp_path: Path, re_engine: Engine) -> None:
+    _write(tmp_path, {"rank0.log": GLOO_TIMEOUT, "rank1.log": GLOO_TIMEOUT, "rank2.log": "ok\n", "rank3.log": "ok\n"})
+    rc = diagnose_paths([str(tmp_path)], re_engine).root_cause
+    assert rc is not None
+    assert rc.rank is None
+
+
+def test_the_node_folder_localises_what_the_line_does_not(tmp_path: Path, re_engine: Engine) -> None:
+    _write(
+        tmp_path,
+        {
+            "worker-0/dmesg": "[ 12.0] NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus.\n",
+            "worker-1/dmesg": "[ 11.0] usb 1-1: new device\n",
+        },
+    )
+    rc = diagnose_paths([str(tmp_path)], re_engine).root_cause
+    assert rc is not None
+    assert (rc.code, rc.node, rc.device) == ("xid:79", "worker-0", "0000:3b:00")
+
+
+@pytest.mark.parametrize(
+    ("name", "root", "expected"),
+    [
+        ("/c/node-a/process_log/debug/plog/plog-12_2024.log", "/c", ("node-a", None)),
+        ("/c/node-a/rank_3.log", "/c", ("node-a", 3)),
+        ("/c/rank-12.txt", "/c", (None, 12)),
+        ("/c/train.log", "/c", (None, None)),
+        ("/c/logs/worker_rank07.out", None, (None, 7)),
+        ("/c/frank1.log", "/c", (None, None)),
+    ],
+)
+def test_place_of_a_file_in_a_collected_layout(
+    name: str, root: str | None, expected: tuple[str | None, int | None]
+) -> None:
+    assert place_of(name, root) == expected

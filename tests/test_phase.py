@@ -1,0 +1,90 @@
+"""Phase from context (detectors/phase.py): the same communication failure is comm_init while the
+communicator, rendezvous or store is being built, and keeps its own class in training."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from detectors.diagnose import diagnose_text
+from detectors.engine import Engine
+from detectors.phase import PhaseError, load_phase_markers, parse_phase_file
+from trainmedic.models import FaultClass
+
+NCCL_ERROR = (
+    "RuntimeError: NCCL error in: ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:1269, "
+    "unhandled system error, NCCL version 2.14.3"
+)
+INIT_TRACEBACK = f"""Traceback (most recent call last):
+  File "train.py", line 12, in <module>
+    dist.init_process_group("nccl")
+  File "/usr/lib/python3/site-packages/torch/distributed/distributed_c10d.py", line 602, in init_process_group
+    default_pg = _new_process_group_helper(
+{NCCL_ERROR}"""
+RUNTIME_TRACEBACK = f"""Traceback (most recent call last):
+  File "train.py", line 80, in <module>
+    loss.backward()
+  File "/usr/lib/python3/site-packages/torch/distributed/distributed_c10d.py", line 1536, in all_reduce
+    work = default_pg.allreduce([tensor], opts)
+{NCCL_ERROR}"""
+NCCL_INIT_TRAIL = """node-1:2342:2390 [0] NCCL INFO Bootstrap : Using eth0:10.0.0.1<0>
+node-1:2342:2390 [0] NCCL WARN socketStartConnect: Connect to 10.0.0.2<43017> failed : Connection refused
+node-1:2342:2390 [0] NCCL INFO init.cc:1090 -> 2
+"""
+AFTER_INIT = """node-1:2342:2390 [0] NCCL INFO comm 0x5581 rank 0 nranks 2 cudaDev 0 busId 1000 - Init COMPLETE
+step 10 loss 2.1
+node-1:2342:2390 [0] NCCL WARN socketStartConnect: Connect to 10.0.0.2<43017> failed : Connection refused
+"""
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        pytest.param(INIT_TRACEBACK, FaultClass.COMM_INIT, id="traceback-in-init_process_group"),
+        pytest.param(RUNTIME_TRACEBACK, FaultClass.COMM_ERROR, id="traceback-in-all_reduce"),
+        pytest.param(NCCL_ERROR, FaultClass.COMM_ERROR, id="no-context"),
+        pytest.param(NCCL_INIT_TRAIL, FaultClass.COMM_INIT, id="nccl-init-trail"),
+        pytest.param(AFTER_INIT, FaultClass.COMM_ERROR, id="after-init-complete"),
+        pytest.param(
+            "node-3:1234:1234 [0] NCCL WARN Bootstrap : no socket interface found", FaultClass.COMM_INIT, id="same-line"
+        ),
+    ],
+)
+@pytest.mark.parametrize("path", ["fast", "re"])
+def test_phase_decides_init_or_runtime(
+    text: str, expected: FaultClass, path: str, fast_engine: Engine, re_engine: Engine
+) -> None:
+    engine = fast_engine if path == "fast" else re_engine
+    rc = diagnose_text(text, engine).root_cause
+    assert rc is not None
+    assert rc.fault_class is expected
+
+
+def test_runtime_marker_wins_on_the_same_line() -> None:
+    markers = load_phase_markers()
+    line = b"NCCL INFO ncclCommInitRank comm 0x1 rank 0 nranks 8 - Init COMPLETE"
+    assert markers.on_line(line) is FaultClass.COMM_ERROR
+
+
+def test_only_comm_error_and_hang_move() -> None:
+    markers = load_phase_markers()
+    line = b"File x.py, line 1, in init_process_group"
+    assert markers.resolve(FaultClass.APP_ERROR, line, lambda _k: None) is FaultClass.APP_ERROR
+    assert markers.resolve(FaultClass.HANG, line, lambda _k: None) is FaultClass.COMM_INIT
+
+
+@pytest.mark.parametrize(
+    ("text", "where"),
+    [
+        pytest.param("version: 1\ninit: []\nruntime: [{pattern: x}]\n", "phases.yaml:2", id="empty-init"),
+        pytest.param("version: 1\ninit: [{pattern: '('}]\nruntime: [{pattern: x}]\n", "init.0", id="bad-regex"),
+        pytest.param(
+            "version: 1\ninit: [{pattern: x}]\nruntime: [{pattern: x}]\nextra: 1\n", "phases.yaml:4", id="unknown-key"
+        ),
+    ],
+)
+def test_a_broken_phase_file_is_refused_with_its_place(text: str, where: str, tmp_path: Path) -> None:
+    with pytest.raises(PhaseError) as err:
+        parse_phase_file(text, "phases.yaml")
+    assert where in str(err.value)
