@@ -38,7 +38,7 @@ from detectors.localize import localize
 from detectors.phase import MAX_LINE as MAX_MARKER_LINE
 from detectors.phase import PHASE_SENSITIVE, PhaseMarkers, load_phase_markers
 from detectors.schema import Rule
-from trainmedic.models import FaultClass, Finding, Source
+from trainmedic.models import FaultClass, Finding, I18nText, Source
 
 _hs: Any
 try:
@@ -133,10 +133,14 @@ class Engine:
         carry = b""
         first_line = 1
         found: list[Finding] = []
+        # Read one block ahead, so the last block is classified together with what precedes it (a
+        # file shorter than a chunk is one chunk: a traceback's frames stay beside its last line).
+        block = stream.read(CHUNK_BYTES)
         while True:
-            block = stream.read(CHUNK_BYTES)
-            final = not block
+            ahead = stream.read(CHUNK_BYTES) if block else b""
+            final = not ahead
             data = carry + block
+            block = ahead
             if not data:
                 break
             findings, consumed_bytes, consumed_lines = self._scan_chunk(
@@ -243,6 +247,8 @@ class Engine:
                 entry = udal.lookup(f.chip, f.code)
                 if entry is not None and entry.fault_class is not None:
                     f.fault_class = entry.fault_class
+            if rule.user_frame and f.line_no is not None:
+                _add_user_frame(f, lines, f.line_no - first_line)
             sensitive = rule.phase if rule.phase is not None else rule.fault_class in PHASE_SENSITIVE
             if not sensitive or f.fault_class not in PHASE_SENSITIVE or f.line_no is None:
                 continue
@@ -377,6 +383,34 @@ def build_finding(rule: Rule, match: re.Match[str], text: str, line_no: int | No
         hint=rule.hint.model_copy(update={"en": _fill(rule.hint.en, values), "zh": _fill(rule.hint.zh, values)}),
         groups=groups,
         priority=rule.priority,
+    )
+
+
+_FRAME = re.compile(rb'File "(?P<file>[^"]{1,300})", line (?P<line>\d{1,7}), in (?P<func>[\w<>.]{1,100})')
+_LIBRARY = re.compile(rb"/(?:site|dist)-packages/|/lib/python\d[\d.]*/|^<frozen ")
+FRAME_LOOKBACK = 60
+
+
+def _add_user_frame(f: Finding, lines: _Lines, idx: int) -> None:
+    """Append "raised at FILE:LINE in FUNC" for the innermost traceback frame above line `idx` that is
+    the user's code (not an installed library), or the innermost frame when all are libraries."""
+    innermost: re.Match[bytes] | None = None
+    for j in range(idx - 1, max(idx - FRAME_LOOKBACK, 0) - 1, -1):
+        m = _FRAME.search(lines.get(j)[:1024])
+        if m is None:
+            continue
+        innermost = innermost or m
+        if not _LIBRARY.search(m.group("file")):
+            innermost = m
+            break
+    if innermost is None or f.message is None:
+        return
+    where = f"{innermost.group('file').decode('utf-8', 'replace')}:{int(innermost.group('line'))}"
+    func = innermost.group("func").decode("utf-8", "replace")
+    f.groups["frame"] = f"{where} in {func}"
+    f.message = I18nText(
+        en=f"{f.message.en.rstrip('.')} (raised at {where} in {func})",
+        zh=f"{f.message.zh.rstrip('。')}（抛出位置：{where}，函数 {func}）",
     )
 
 

@@ -94,6 +94,9 @@ class Rule(BaseModel):
     # The chip catalog's class for the code wins over `fault_class` when the code is catalogued
     # (generic code extractors: any Xid, any CANN error code); `fault_class` is the fallback.
     catalog_class: bool = False
+    # A Python exception: name the frame of the user's code that raised it (the last traceback frame
+    # above the line that is not in an installed library), appended to the message.
+    user_frame: bool = False
     # Join up to N following continuation lines before extracting groups (multi-line messages).
     continuation: int = Field(default=0, ge=0, le=MAX_CONTINUATION_LINES)
     references: list[str] = Field(default_factory=list)
