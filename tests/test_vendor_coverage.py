@@ -50,7 +50,16 @@ def test_every_catalog_xid_is_classified(re_engine: Engine, xid: int, form: str)
 
 # Codes rules emit that no published vendor table lists; everything else must resolve.
 NOT_IN_VENDOR_TABLES = frozenset(
-    {"507048", "hccl_init", "nccl_comm_aborted", "cncl:unknown", "nccl_warn", "cuda_program_error"}
+    {
+        "507048",
+        "hccl_init",
+        "nccl_comm_aborted",
+        "cncl:unknown",
+        "nccl_warn",
+        "cuda_program_error",
+        "hccl_stuck",
+        "hccl_heartbeat_lost",
+    }
 )
 
 
