@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 import udal
+from detectors import waitgraph
 from trainmedic.models import (
     SEVERITY_RANK,
     Action,
@@ -99,6 +100,8 @@ def correlate(findings: Sequence[Finding], *, lines_scanned: int = 0, ranks_seen
     _localise_origin(root, [f for f, _ in enriched])
     if root.fault_class is FaultClass.HANG:
         _localise_stalled(root, [f for f, _ in enriched], set(ranks_seen))
+    if root.fault_class in COMM_CLASSES:
+        _follow_waits(root, [f for f, _ in enriched])
     for i, (f, _) in enumerate(enriched):
         if i != best and f.consequence_of is None and f.fault_class in SYMPTOM_CLASSES and weights[i] < weights[best]:
             f.consequence_of = root.code
@@ -135,6 +138,37 @@ def _localise_origin(root: RootCause, findings: list[Finding]) -> None:
     root.rank = first.rank
     if root.node is None:
         root.node = first.node
+
+
+COMM_CLASSES = frozenset({FaultClass.COMM_INIT, FaultClass.COMM_ERROR, FaultClass.HANG, FaultClass.PROCESS_KILLED})
+
+
+def _follow_waits(root: RootCause, findings: list[Finding]) -> None:
+    """Name the place the others waited on (detectors/waitgraph.py), or list the candidates."""
+    graph = waitgraph.build(findings)
+    if not graph.edges:
+        return
+    roots, decided = graph.roots()
+    if decided:
+        (place,) = roots
+        root.chain = graph.chain(place)
+        if place.startswith("rank ") and place[5:].isdigit():
+            root.rank = int(place[5:])
+        elif root.node is None:
+            root.node = place
+        arrow = " -> ".join(root.chain)
+        root.summary = I18nText(
+            en=f"{root.summary.en} Wait chain: {arrow}; {place} waited on nobody.",
+            zh=f"{root.summary.zh}等待链：{arrow}；{place} 未等待任何对端。",
+        )
+    elif roots:
+        root.candidates = roots
+        root.rank = None
+        listed = ", ".join(roots)
+        root.summary = I18nText(
+            en=f"{root.summary.en} The waits do not single out one place; candidates: {listed}.",
+            zh=f"{root.summary.zh}等待关系无法确定唯一根因；候选：{listed}。",
+        )
 
 
 def _localise_stalled(root: RootCause, findings: list[Finding], ranks_seen: set[int]) -> None:

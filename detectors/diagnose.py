@@ -97,12 +97,27 @@ def place_of(name: str, root: str | None) -> tuple[str | None, int | None]:
     below DIR is the node (one folder per node, as MindCluster and nvidia-bug-report collections lay
     them out); a rank in the file name is the rank. The logs' own words win over both."""
     node = None
+    path = Path(name)
     if root is not None:
-        rel = Path(name).relative_to(root).parts
+        # root "": the name is already relative to the collection (an upload's file name).
+        rel: tuple[str, ...] = path.relative_to(root).parts if root else () if path.is_absolute() else path.parts
         if len(rel) > 1:
             node = rel[0]
-    m = _RANK_IN_NAME.search(Path(name).name)
+    m = _RANK_IN_NAME.search(path.name)
     return node, int(m.group(1)) if m else None
+
+
+def attribute(found: list[Finding], name: str, root: str | None, ranks: set[int]) -> list[Finding]:
+    """The findings of one file with the node and rank its place in the layout gives (`place_of`),
+    where the lines do not say; the rank joins `ranks`, the ranks whose logs were read."""
+    node, rank = place_of(name, root)
+    if rank is not None:
+        ranks.add(rank)
+    if node is None and rank is None:
+        return found
+    return [
+        f.model_copy(update={"node": f.node or node, "rank": f.rank if f.rank is not None else rank}) for f in found
+    ]
 
 
 def diagnose_paths(paths: Sequence[str], engine: Engine) -> Diagnosis:
@@ -114,15 +129,7 @@ def diagnose_paths(paths: Sequence[str], engine: Engine) -> Diagnosis:
         root = path if path != "-" and Path(path).is_dir() else None
         names = expand_inputs([path])
         for name, (found, n) in zip(names, scan_inputs(engine, names), strict=True):
-            node, rank = place_of(name, root)
-            if rank is not None:
-                ranks.add(rank)
-            findings.extend(
-                f.model_copy(update={"node": f.node or node, "rank": f.rank if f.rank is not None else rank})
-                if node is not None or rank is not None
-                else f
-                for f in found
-            )
+            findings.extend(attribute(found, name, root, ranks))
             lines += n
     return correlate(findings, lines_scanned=lines, ranks_seen=ranks)
 

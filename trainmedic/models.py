@@ -164,6 +164,10 @@ class RootCause(BaseModel):
     occurrences: int = 1
     ranks: list[int] = Field(default_factory=list)
     nodes: list[str] = Field(default_factory=list)
+    # Communication faults: the chain of waits that ends at the root ("rank 2", "rank 1", "rank 0"),
+    # or, when the wait graph cannot decide, the places it could be (nothing is picked then).
+    chain: list[str] = Field(default_factory=list)
+    candidates: list[str] = Field(default_factory=list)
 
     def contract_dict(self, lang: str = "en") -> dict[str, object]:
         return {
@@ -177,6 +181,8 @@ class RootCause(BaseModel):
             "rank": self.rank,
             "summary": self.summary.get(lang),
             "hint": self.hint.get(lang) if self.hint else None,
+            "chain": list(self.chain),
+            "candidates": list(self.candidates),
         }
 
 

@@ -1,0 +1,107 @@
+"""The wait graph of a communication fault (detectors/waitgraph.py) on multi-node layouts built from
+HCCL's documented log formats: the root is the rank the others waited on that waits on nobody; cycles
+and several ends give candidates, never a pick."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from detectors.diagnose import diagnose_paths
+from detectors.engine import Engine
+
+ROW = (
+    "[ERROR] HCCL(3977573,python):2025-11-22-17:37:04.448.967 [hccl_socket_manager.cc:599] [3977663] "
+    "| {dst_ip}({dst}) | 16666 | {src_ip}({src}) | 0 | server | time out | DISABLE |\n"
+)
+TIMEOUT = (
+    "[ERROR] HCCL(3977573,python):2025-11-22-17:37:04.447.996 [hccl_socket_manager.cc:816] [3977663]"
+    "[Wait][LinkEstablish]wait socket establish timeout, role[0] rank[{src}] timeout[120 s]\n"
+)
+
+
+def _ip(rank: int) -> str:
+    return f"192.168.2.{10 + rank}"
+
+
+def _layout(tmp_path: Path, waits: list[tuple[int, int]], nodes: int) -> Path:
+    for n in range(nodes):
+        (tmp_path / f"worker-{n}").mkdir()
+    for src, dst in waits:
+        plog = tmp_path / f"worker-{src}" / "plog-1_2025.log"
+        with plog.open("a", encoding="utf-8") as fh:
+            fh.write(TIMEOUT.format(src=src))
+            fh.write(ROW.format(dst_ip=_ip(dst), dst=dst, src_ip=_ip(src), src=src))
+    for n in range(nodes):
+        (tmp_path / f"worker-{n}" / "rank.log").write_text("step 12 loss 1.0\n", encoding="utf-8")
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    ("waits", "nodes", "root", "chain"),
+    [
+        pytest.param([(2, 1), (1, 0)], 3, 0, ["rank 2", "rank 1", "rank 0"], id="chain-of-3"),
+        pytest.param([(1, 0), (2, 0), (3, 0)], 4, 0, ["rank 1", "rank 0"], id="star-on-0"),
+        pytest.param([(i, i - 1) for i in range(15, 0, -1)], 16, 0, [f"rank {i}" for i in range(15, -1, -1)], id="16"),
+        pytest.param([(0, 5), (1, 5), (6, 5)], 8, 5, ["rank 0", "rank 5"], id="root-in-the-middle"),
+    ],
+)
+def test_the_root_is_the_rank_waited_on(
+    tmp_path: Path, re_engine: Engine, waits: list[tuple[int, int]], nodes: int, root: int, chain: list[str]
+) -> None:
+    rc = diagnose_paths([str(_layout(tmp_path, waits, nodes))], re_engine).root_cause
+    assert rc is not None
+    assert rc.fault_class.value == "comm_init"
+    assert rc.rank == root
+    assert rc.chain == chain
+    assert rc.candidates == []
+    assert " -> ".join(chain) in rc.summary.en
+
+
+@pytest.mark.parametrize(
+    ("waits", "candidates"),
+    [
+        pytest.param([(0, 1), (1, 0)], ["rank 0", "rank 1"], id="cycle-of-2"),
+        pytest.param([(0, 1), (1, 2), (2, 0)], ["rank 0", "rank 1", "rank 2"], id="cycle-of-3"),
+        pytest.param([(2, 0), (3, 1)], ["rank 0", "rank 1"], id="two-ends"),
+    ],
+)
+def test_an_undecided_graph_lists_candidates_and_picks_none(
+    tmp_path: Path, re_engine: Engine, waits: list[tuple[int, int]], candidates: list[str]
+) -> None:
+    rc = diagnose_paths([str(_layout(tmp_path, waits, 4))], re_engine).root_cause
+    assert rc is not None
+    assert rc.candidates == candidates
+    assert rc.rank is None
+    assert rc.chain == []
+    assert "candidates" in rc.summary.en
+
+
+def test_an_ip_only_peer_is_resolved_to_its_rank(tmp_path: Path, re_engine: Engine) -> None:
+    # Rank 2 knows rank 1 only by IP (a gloo connection); rank 1's HCCL row says 192.168.2.11 is rank 1
+    # and that it waited on rank 0.
+    _layout(tmp_path, [(1, 0)], 3)
+    (tmp_path / "worker-2" / "rank2.log").write_text(
+        "[rank2]: RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:598] "
+        f"Connection closed by peer [{_ip(1)}]:54321\n",
+        encoding="utf-8",
+    )
+    rc = diagnose_paths([str(tmp_path)], re_engine).root_cause
+    assert rc is not None
+    assert rc.rank == 0
+    assert rc.chain == ["rank 2", "rank 1", "rank 0"]
+
+
+def test_notify_wait_timeouts_name_the_remote_rank(tmp_path: Path, re_engine: Engine) -> None:
+    for r in (0, 1, 3):
+        (tmp_path / f"rank{r}.log").write_text(
+            "EI0002: [PID: 2969] 2025-10-11-15:09:34.713.335 The wait execution of the Notify register times "
+            "out. Reason: The Notify register has not received the Notify record from remote rank: [2].\n",
+            encoding="utf-8",
+        )
+    rc = diagnose_paths([str(tmp_path)], re_engine).root_cause
+    assert rc is not None
+    assert rc.fault_class.value == "hang"
+    assert rc.rank == 2
+    assert rc.chain[-1] == "rank 2"
