@@ -81,7 +81,7 @@ from agent.store import IncidentStatus, IncidentStore, StoreError
 from agent.telemetry import Telemetry
 from agent.watchers.metrics import device_of, node_of
 from detectors.correlator import correlate
-from detectors.diagnose import attribute, make_engine
+from detectors.diagnose import attribute, known_nodes, make_engine
 from detectors.engine import Engine
 from detectors.metric_rules import RULES_BY_METRIC, Kind
 from trainmedic.errors import InputError, RuleLoadError, TrainmedicError
@@ -599,13 +599,13 @@ def diagnose_blobs(blobs: Sequence[tuple[str, bytes]], engine: Engine) -> Diagno
     """Classify named texts and correlate all findings as one job: what `diagnose_paths` does for files
     (the engine's streamed scan, then `correlate`), for texts that arrived over the network."""
     findings: list[Finding] = []
-    ranks: set[int] = set()
+    ranks: dict[int, str | None] = {}
     lines = 0
     for name, data in blobs:
         found, n = engine.scan_stream(io.BytesIO(data), file=name)
         findings.extend(attribute(found, name, "", ranks))
         lines += n
-    return correlate(findings, lines_scanned=lines, ranks_seen=ranks)
+    return correlate(findings, lines_scanned=lines, ranks_seen=ranks, rank_nodes=known_nodes(ranks))
 
 
 def _name(raw: str | None, index: int) -> str:

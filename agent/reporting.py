@@ -515,6 +515,8 @@ def _where(
         "job_kind": incident.job_kind,
         "ranks": list((rc or {}).get("ranks") or []),
         "nodes": list((rc or {}).get("nodes") or []),
+        "chain": [str(p) for p in (rc or {}).get("chain") or []],
+        "candidates": [str(p) for p in (rc or {}).get("candidates") or []],
     }
 
 

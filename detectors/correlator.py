@@ -21,7 +21,7 @@ The reasoning, in order:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import udal
 from detectors import waitgraph
@@ -85,10 +85,16 @@ def weight(finding: Finding, entry: udal.CatalogEntry | None) -> int:
     return base * 4 + SEVERITY_RANK[finding.severity]
 
 
-def correlate(findings: Sequence[Finding], *, lines_scanned: int = 0, ranks_seen: Iterable[int] = ()) -> Diagnosis:
+def correlate(
+    findings: Sequence[Finding],
+    *,
+    lines_scanned: int = 0,
+    ranks_seen: Iterable[int] = (),
+    rank_nodes: Mapping[int, str] | None = None,
+) -> Diagnosis:
     """Reduce the findings of one job (or one `diagnose` run) to a diagnosis. `ranks_seen`: every
     rank whose log was read (a scene bundle, a directory of per-rank logs), so that a hang can name
-    the rank that is missing from the timeouts."""
+    the rank that is missing from the timeouts; `rank_nodes`: the node each rank's log came from."""
     enriched = [enrich(f) for f in findings]
     _explain_consequences(enriched)
     weights = [weight(f, e) for f, e in enriched]
@@ -98,10 +104,11 @@ def correlate(findings: Sequence[Finding], *, lines_scanned: int = 0, ranks_seen
     root_finding, root_entry = enriched[best]
     root = _root_cause(root_finding, root_entry, [f for f, _ in enriched])
     _localise_origin(root, [f for f, _ in enriched])
+    places = dict(rank_nodes or {})
     if root.fault_class is FaultClass.HANG:
-        _localise_stalled(root, [f for f, _ in enriched], set(ranks_seen))
+        _localise_stalled(root, [f for f, _ in enriched], set(ranks_seen), places)
     if root.fault_class in COMM_CLASSES:
-        _follow_waits(root, [f for f, _ in enriched])
+        _follow_waits(root, [f for f, _ in enriched], places)
     for i, (f, _) in enumerate(enriched):
         if i != best and f.consequence_of is None and f.fault_class in SYMPTOM_CLASSES and weights[i] < weights[best]:
             f.consequence_of = root.code
@@ -143,7 +150,7 @@ def _localise_origin(root: RootCause, findings: list[Finding]) -> None:
 COMM_CLASSES = frozenset({FaultClass.COMM_INIT, FaultClass.COMM_ERROR, FaultClass.HANG, FaultClass.PROCESS_KILLED})
 
 
-def _follow_waits(root: RootCause, findings: list[Finding]) -> None:
+def _follow_waits(root: RootCause, findings: list[Finding], places: Mapping[int, str]) -> None:
     """Name the place the others waited on (detectors/waitgraph.py), or list the candidates."""
     graph = waitgraph.build(findings)
     if not graph.edges:
@@ -153,9 +160,9 @@ def _follow_waits(root: RootCause, findings: list[Finding]) -> None:
         (place,) = roots
         root.chain = graph.chain(place)
         if place.startswith("rank ") and place[5:].isdigit():
-            root.rank = int(place[5:])
-        elif root.node is None:
-            root.node = place
+            _move_to_rank(root, int(place[5:]), findings, places)
+        elif place != root.node:
+            root.node, root.device = place, None
         arrow = " -> ".join(root.chain)
         root.summary = I18nText(
             en=f"{root.summary.en} Wait chain: {arrow}; {place} waited on nobody.",
@@ -171,7 +178,21 @@ def _follow_waits(root: RootCause, findings: list[Finding]) -> None:
         )
 
 
-def _localise_stalled(root: RootCause, findings: list[Finding], ranks_seen: set[int]) -> None:
+def _move_to_rank(root: RootCause, rank: int, findings: list[Finding], places: Mapping[int, str]) -> None:
+    """The root is another rank than the finding that reported it: its node and device are that
+    rank's own (from the findings that carry both), not the reporter's."""
+    if root.rank == rank:
+        return
+    root.rank = rank
+    nodes = {f.node for f in findings if f.rank == rank and f.node}
+    devices = {f.device for f in findings if f.rank == rank and f.device}
+    root.node = nodes.pop() if len(nodes) == 1 else places.get(rank)
+    root.device = devices.pop() if len(devices) == 1 else None
+
+
+def _localise_stalled(
+    root: RootCause, findings: list[Finding], ranks_seen: set[int], places: Mapping[int, str]
+) -> None:
     """Ranks that wait on a collective report a timeout; the rank that stalled does not. When every
     rank whose log was read reports one but a single rank, that rank is where to look."""
     waiting = {f.rank for f in findings if f.fault_class is FaultClass.HANG and f.rank is not None}
@@ -179,7 +200,7 @@ def _localise_stalled(root: RootCause, findings: list[Finding], ranks_seen: set[
     if len(ranks_seen) < 2 or len(silent) != 1 or not waiting:
         return
     (rank,) = silent
-    root.rank = rank
+    _move_to_rank(root, rank, findings, places)
     en, zh = (
         f" Rank {rank} reported no timeout while its peers waited: look at rank {rank} first.",
         (f"rank {rank} 没有上报超时而其他 rank 都在等待：请先检查 rank {rank}。"),

@@ -107,12 +107,12 @@ def place_of(name: str, root: str | None) -> tuple[str | None, int | None]:
     return node, int(m.group(1)) if m else None
 
 
-def attribute(found: list[Finding], name: str, root: str | None, ranks: set[int]) -> list[Finding]:
+def attribute(found: list[Finding], name: str, root: str | None, ranks: dict[int, str | None]) -> list[Finding]:
     """The findings of one file with the node and rank its place in the layout gives (`place_of`),
-    where the lines do not say; the rank joins `ranks`, the ranks whose logs were read."""
+    where the lines do not say; the rank joins `ranks` (rank -> node: the ranks whose logs were read)."""
     node, rank = place_of(name, root)
     if rank is not None:
-        ranks.add(rank)
+        ranks[rank] = ranks.get(rank) or node
     if node is None and rank is None:
         return found
     return [
@@ -123,7 +123,7 @@ def attribute(found: list[Finding], name: str, root: str | None, ranks: set[int]
 def diagnose_paths(paths: Sequence[str], engine: Engine) -> Diagnosis:
     """Classify every input and correlate all findings as one job."""
     findings: list[Finding] = []
-    ranks: set[int] = set()
+    ranks: dict[int, str | None] = {}
     lines = 0
     for path in paths:
         root = path if path != "-" and Path(path).is_dir() else None
@@ -131,7 +131,11 @@ def diagnose_paths(paths: Sequence[str], engine: Engine) -> Diagnosis:
         for name, (found, n) in zip(names, scan_inputs(engine, names), strict=True):
             findings.extend(attribute(found, name, root, ranks))
             lines += n
-    return correlate(findings, lines_scanned=lines, ranks_seen=ranks)
+    return correlate(findings, lines_scanned=lines, ranks_seen=ranks, rank_nodes=known_nodes(ranks))
+
+
+def known_nodes(ranks: dict[int, str | None]) -> dict[int, str]:
+    return {r: n for r, n in ranks.items() if n is not None}
 
 
 def diagnose_text(text: str | bytes, engine: Engine, *, name: str = "<text>") -> Diagnosis:
@@ -218,5 +222,5 @@ def diagnose_inputs(inputs: Sequence[LogInput], engine: Engine) -> Diagnosis:
             if item.source is not None:
                 update["source"] = item.source
             findings.append(f.model_copy(update=update))
-    ranks = {item.rank for item in inputs if item.rank is not None}
-    return correlate(findings, lines_scanned=lines, ranks_seen=ranks)
+    ranks = {item.rank: item.node for item in inputs if item.rank is not None}
+    return correlate(findings, lines_scanned=lines, ranks_seen=ranks, rank_nodes=known_nodes(ranks))

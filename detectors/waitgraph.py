@@ -10,7 +10,7 @@ node. IP-only peers are resolved to ranks where another finding names both (HCCL
 `ip(rank)`).
 
 Edges come from named groups of the findings, never from a rule's wording:
-  `src_rank` (waiter) and `rank` (waited)      HCCL link-error rows
+  the finding's own rank, and `peer_rank`       HCCL link-error rows (`src_ip` / `peer_ip` map IPs)
   the finding's own rank, and `remote_rank`     HCCL notify-wait timeouts (EI0002)
   the finding's own rank or node, and `peer`    gloo / c10d connections to a peer's address
 """
@@ -97,8 +97,8 @@ def build(findings: Iterable[Finding]) -> WaitGraph:
     ip_rank: dict[str, str] = {}
     for f in found:
         g = f.groups
-        for ip_key, rank_key in (("src_ip", "src_rank"), ("peer_ip", "rank")):
-            r = _rank(g.get(rank_key))
+        for ip_key, rank_key in (("src_ip", "rank"), ("peer_ip", "peer_rank")):
+            r = _rank(g.get(rank_key)) if rank_key in g else None
             if g.get(ip_key) and r:
                 ip_rank[g[ip_key]] = r
     graph = WaitGraph()
@@ -110,9 +110,9 @@ def build(findings: Iterable[Finding]) -> WaitGraph:
 
     for f in found:
         g = f.groups
-        own = _rank(g.get("src_rank")) or _rank(f.rank) or place(g.get("src_ip")) or f.node
-        if "src_rank" in g:
-            waited = _rank(g.get("rank")) or place(g.get("peer_ip"))
+        own = _rank(f.rank) or place(g.get("src_ip")) or f.node
+        if "peer_rank" in g:
+            waited = _rank(g.get("peer_rank")) or place(g.get("peer_ip"))
         elif "remote_rank" in g:
             waited = _rank(g.get("remote_rank"))
         elif "peer" in g:

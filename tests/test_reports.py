@@ -432,6 +432,8 @@ def test_context_is_json_and_complete(ctx: dict[str, Any]) -> None:
         "job_kind": "Job",
         "ranks": [1],
         "nodes": ["gpu-b"],
+        "chain": [],
+        "candidates": [],
     }
     assert ctx["vendor"]["vendor_action"] == "RESTART_BM" and ctx["vendor"]["action"] == "reboot_node"
     kinds = [e["kind"] for e in ctx["timeline"]["items"]]

@@ -34,7 +34,7 @@ def _layout(tmp_path: Path, waits: list[tuple[int, int]], nodes: int) -> Path:
             fh.write(TIMEOUT.format(src=src))
             fh.write(ROW.format(dst_ip=_ip(dst), dst=dst, src_ip=_ip(src), src=src))
     for n in range(nodes):
-        (tmp_path / f"worker-{n}" / "rank.log").write_text("step 12 loss 1.0\n", encoding="utf-8")
+        (tmp_path / f"worker-{n}" / f"rank{n}.log").write_text("step 12 loss 1.0\n", encoding="utf-8")
     return tmp_path
 
 
@@ -54,6 +54,7 @@ def test_the_root_is_the_rank_waited_on(
     assert rc is not None
     assert rc.fault_class.value == "comm_init"
     assert rc.rank == root
+    assert rc.node == f"worker-{root}"  # the root's own node, not the reporter's
     assert rc.chain == chain
     assert rc.candidates == []
     assert " -> ".join(chain) in rc.summary.en
