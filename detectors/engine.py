@@ -34,6 +34,7 @@ import numpy as np
 from detectors.anchors import MIN_ANCHOR_LEN, Anchor, required_anchors
 from detectors.localize import localize
 from detectors.schema import Rule
+from trainmedic import cache
 from trainmedic.models import Finding, Source
 
 _hs: Any
@@ -534,21 +535,42 @@ class _HyperscanPrefilter(_Prefilter):
         self.db = None
         if not compiled:
             return
+        # Compiling takes most of a fresh process's start: the database is kept in the on-disk
+        # cache (trainmedic/cache.py), keyed by the expressions, their ids and the flags.
+        key = cache.make_key("hyperscan", [str(base), *(b"%d\0%s" % (pid, expr) for pid, _, expr in compiled)])
+        if self._from_cache(key, pats):
+            return
         try:
             self.db = self._compile(compiled, base)
-            return
         except _hs.error:
-            pass
-        # Some pattern is not expressible even as a prefilter: find which, scan those with re.
-        good = []
-        for item in compiled:
-            try:
-                self._compile([item], base)
-                good.append(item)
-            except _hs.error:
-                pid, pattern, _ = item
-                self.fallback.append((pid, re.compile(pattern.encode("utf-8"), re.ASCII | re.MULTILINE)))
-        self.db = self._compile(good, base) if good else None
+            # Some pattern is not expressible even as a prefilter: find which, scan those with re.
+            good = []
+            for item in compiled:
+                try:
+                    self._compile([item], base)
+                    good.append(item)
+                except _hs.error:
+                    pid, pattern, _ = item
+                    self.fallback.append((pid, re.compile(pattern.encode("utf-8"), re.ASCII | re.MULTILINE)))
+            self.db = self._compile(good, base) if good else None
+        if cache.cache_dir() is not None:
+            blob = _hs.dumpb(self.db) if self.db is not None else None
+            cache.store("hyperscan", key, (blob, [pid for pid, _ in self.fallback]))
+
+    def _from_cache(self, key: str, pats: list[tuple[int, str]]) -> bool:
+        assert _hs is not None
+        entry: Any = cache.load("hyperscan", key)
+        try:
+            blob, fallback_ids = entry
+            db = _hs.loadb(blob, _hs.HS_MODE_BLOCK) if blob is not None else None
+            if db is not None:
+                db.scratch = _hs.Scratch(db)  # loadb leaves it without one; compile makes its own
+            by_id = dict(pats)
+            fallback = [(pid, re.compile(by_id[pid].encode("utf-8"), re.ASCII | re.MULTILINE)) for pid in fallback_ids]
+        except Exception:  # noqa: BLE001 - no entry, or one this hyperscan cannot load: compile afresh
+            return False
+        self.db, self.fallback = db, fallback
+        return True
 
     @staticmethod
     def _compile(items: list[tuple[int, str, bytes]], flags: int) -> Any:

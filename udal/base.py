@@ -17,6 +17,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from trainmedic import cache
+from trainmedic.datafile import load_yaml
 from trainmedic.models import Action, Chip, FaultClass, I18nText, Severity
 
 Origin = Literal["hardware", "application", "driver", "system", "interconnect", "thermal", "memory", "unknown"]
@@ -188,9 +190,12 @@ def parse_catalog(data: object, filename: str) -> Catalog:
 
 def load_catalog_text(text: str, filename: str) -> Catalog:
     try:
-        data: Any = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise CatalogError(f"{filename}: not valid YAML: {exc}") from exc
+        data: Any = load_yaml(text)
+    except yaml.YAMLError:
+        try:  # the message as the pure-Python parser words it
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise CatalogError(f"{filename}: not valid YAML: {exc}") from exc
     return parse_catalog(data, filename)
 
 
@@ -201,7 +206,14 @@ def load_package_catalog(filename: str) -> Catalog:
         text = resources.files("udal").joinpath(filename).read_text(encoding="utf-8")
     except FileNotFoundError as exc:
         raise CatalogError(f"{filename}: catalog file not found in package udal") from exc
-    return load_catalog_text(text, filename)
+    # Parsed and validated once per content: later processes unpickle it (trainmedic/cache.py).
+    key = cache.make_key("catalog", [filename, text])
+    catalog = cache.load("catalog", key)
+    if isinstance(catalog, Catalog):
+        return catalog
+    catalog = load_catalog_text(text, filename)
+    cache.store("catalog", key, catalog)
+    return catalog
 
 
 def parse_visible_devices(value: str | None) -> list[int] | None:
