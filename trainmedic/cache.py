@@ -21,11 +21,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
-import logging
 import os
 import pickle
 import sys
-import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -36,8 +34,6 @@ ENV_VAR = "TRAINMEDIC_CACHE_DIR"
 # Bump when the layout of an entry changes.
 FORMAT = 1
 _MAGIC = b"trainmedic-cache\n"
-
-log = logging.getLogger(__name__)
 
 _ROOT = Path(__file__).resolve().parent.parent
 # The modules whose code decides what a cached entry holds (the rule schema, the loader and the
@@ -126,6 +122,8 @@ def store(kind: str, key: str, value: Any) -> None:
     folder = cache_dir()
     if folder is None:
         return
+    import tempfile
+
     tmp: str | None = None
     try:
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -136,7 +134,9 @@ def store(kind: str, key: str, value: Any) -> None:
         os.replace(tmp, _path(folder, kind, key))
         tmp = None
     except Exception as exc:  # noqa: BLE001 - a read-only or full disk only costs the next run its speed
-        log.debug("cache entry %s not written: %s", kind, exc)
+        import logging
+
+        logging.getLogger(__name__).debug("cache entry %s not written: %s", kind, exc)
     finally:
         if tmp is not None:
             with contextlib.suppress(OSError):

@@ -14,7 +14,6 @@ from collections.abc import Mapping
 from importlib import resources
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from trainmedic import cache
@@ -189,6 +188,8 @@ def parse_catalog(data: object, filename: str) -> Catalog:
 
 
 def load_catalog_text(text: str, filename: str) -> Catalog:
+    import yaml  # not needed when the catalog comes from the cache
+
     try:
         data: Any = load_yaml(text)
     except yaml.YAMLError:
