@@ -217,6 +217,8 @@ def _print_rule_problems(exc: RuleLoadError) -> None:
 
 def _diagnose(args: argparse.Namespace) -> int:
     # Only what the chosen input and format need: a fresh `diagnose` starts in a fraction of a second.
+    # The engine uses numpy for offsets, never linear algebra: no OpenBLAS thread pool to start.
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     from detectors.diagnose import diagnose_paths, make_engine
 
     fast = {"auto": None, "fast": True, "re": False}[args.engine]

@@ -60,10 +60,28 @@ _WIDE_REPEAT = re.compile(r"(?<!\\)\{(\d+),(?:1[7-9]|[2-9]\d|\d{3,})\}")
 _TRAILING_ANY = re.compile(r"(?:\.[*+]\??)+\$?$")
 
 
+class _LazyRegex:
+    """A rule pattern compiled at its first search. The prefilter finds the candidates, so a fresh
+    `trainmedic diagnose` of a few lines compiles the patterns it points at, not every rule's."""
+
+    __slots__ = ("_compiled", "flags", "pattern")
+
+    def __init__(self, pattern: str, flags: int) -> None:
+        self.pattern = pattern
+        self.flags = flags
+        self._compiled: re.Pattern[str] | None = None
+
+    def search(self, string: str) -> re.Match[str] | None:
+        compiled = self._compiled
+        if compiled is None:
+            compiled = self._compiled = re.compile(self.pattern, self.flags)
+        return compiled.search(string)
+
+
 @dataclass(frozen=True, slots=True)
 class _Pat:
     rule_index: int
-    regex: re.Pattern[str]
+    regex: _LazyRegex
     continuation: bool
 
 
@@ -91,11 +109,11 @@ class Engine:
         if self.fast and not HYPERSCAN_AVAILABLE:
             raise RuntimeError("fast path requested but the hyperscan module is not installed")
         self._pats: list[_Pat] = []
-        self._unless: list[list[re.Pattern[str]]] = []
+        self._unless: list[list[_LazyRegex]] = []
         for ri, rule in enumerate(self.rules):
             for p in rule.patterns:
-                self._pats.append(_Pat(ri, re.compile(p, re.ASCII), rule.continuation > 0))
-            self._unless.append([re.compile(u, re.ASCII) for u in rule.unless])
+                self._pats.append(_Pat(ri, _LazyRegex(p, re.ASCII), rule.continuation > 0))
+            self._unless.append([_LazyRegex(u, re.ASCII) for u in rule.unless])
         self._line_ids = [i for i, p in enumerate(self._pats) if not p.continuation]
         self._cont_ids = [i for i, p in enumerate(self._pats) if p.continuation]
         self._prefilters = {
@@ -599,7 +617,7 @@ class _AnchorPrefilter(_Prefilter):
     # lower-cased literal search is not safe, so case-insensitive patterns fall back to re.
     _FOLDS = (b"\xc4\xb0", b"\xc4\xb1", b"\xc5\xbf", b"\xe2\x84\xaa")
 
-    def __init__(self, pats: list[tuple[int, re.Pattern[str]]]) -> None:
+    def __init__(self, pats: list[tuple[int, _LazyRegex]]) -> None:
         self.by_anchor: dict[Anchor, list[int]] = {}
         self.fallback: list[tuple[int, re.Pattern[bytes]]] = []
         self.ci_fallback: list[tuple[int, re.Pattern[bytes]]] = []

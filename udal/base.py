@@ -103,7 +103,7 @@ class CatalogEntry(BaseModel):
     transcription of a vendor table (the reason is in `note`).
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
     chip: Chip
     code: str = Field(min_length=1)
@@ -121,7 +121,7 @@ class CatalogEntry(BaseModel):
 
 
 class CatalogSource(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
     title: str = Field(min_length=1)
     url: str = Field(min_length=1)
@@ -131,7 +131,7 @@ class CatalogSource(BaseModel):
 class Catalog(BaseModel):
     """A loaded catalog file: its source, its vendor-bucket mapping and its entries by code."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
     chip: Chip
     source: CatalogSource
