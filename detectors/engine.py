@@ -583,6 +583,9 @@ class _HyperscanPrefilter(_Prefilter):
             db = _hs.loadb(blob, _hs.HS_MODE_BLOCK) if blob is not None else None
             if db is not None:
                 db.scratch = _hs.Scratch(db)  # loadb leaves it without one; compile makes its own
+                # A database built for another CPU (a cache folder shared between machines) is
+                # refused at scan time: find out now, and compile afresh.
+                db.scan(b"\n", match_event_handler=lambda *_: None)
             by_id = dict(pats)
             fallback = [(pid, re.compile(by_id[pid].encode("utf-8"), re.ASCII | re.MULTILINE)) for pid in fallback_ids]
         except Exception:  # noqa: BLE001 - no entry, or one this hyperscan cannot load: compile afresh

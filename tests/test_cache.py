@@ -282,3 +282,15 @@ def test_parse_yaml_syntax_errors_as_before(text: str) -> None:
     mark = info.value.problem_mark or info.value.context_mark
     assert problem.line == (mark.line + 1 if mark else None)
     assert str(info.value.problem) in problem.message
+
+
+@pytest.mark.skipif(not has_hyperscan(), reason="hyperscan is not installed")
+def test_unloadable_hyperscan_database_is_compiled_afresh(cache_dir: Path) -> None:
+    rules = load_rules().rules
+    Engine(rules, fast=True)
+    for p in entries(cache_dir, "hyperscan"):
+        key = p.stem.removeprefix("hyperscan-")
+        cache.store("hyperscan", key, (b"not a hyperscan database", []))
+    engine = Engine(rules, fast=True)
+    found = engine.scan_text("NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus.")
+    assert any(f.code == "xid:79" for f in found)
