@@ -294,3 +294,10 @@ def test_unloadable_hyperscan_database_is_compiled_afresh(cache_dir: Path) -> No
     engine = Engine(rules, fast=True)
     found = engine.scan_text("NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus.")
     assert any(f.code == "xid:79" for f in found)
+
+
+def test_cache_dir_variable_is_not_a_setting() -> None:
+    from agent.config import load_settings
+
+    load_settings(env={cache.ENV_VAR: "/somewhere"})
+    load_settings(env={cache.ENV_VAR: ""})
