@@ -216,8 +216,10 @@ def _print_rule_problems(exc: RuleLoadError) -> None:
 
 
 def _diagnose(args: argparse.Namespace) -> int:
+    # Only what the chosen input and format need: a fresh `diagnose` starts in a fraction of a second.
+    # The engine uses numpy for offsets, never linear algebra: no OpenBLAS thread pool to start.
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     from detectors.diagnose import diagnose_paths, make_engine
-    from reports.render import render
 
     fast = {"auto": None, "fast": True, "re": False}[args.engine]
     try:
@@ -233,17 +235,22 @@ def _diagnose(args: argparse.Namespace) -> int:
     except RuntimeError as exc:
         print(f"trainmedic: {exc}", file=sys.stderr)
         return EXIT_UNUSABLE
-    from remediations.scene import SceneError
+    unusable: tuple[type[Exception], ...] = (InputError,)
+    if args.scene is not None:
+        from remediations.scene import SceneError
 
+        unusable = (InputError, SceneError)
     try:
         diagnosis = _diagnose_scene(args.scene, engine) if args.scene is not None else diagnose_paths(args.logs, engine)
-    except (InputError, SceneError) as exc:
+    except unusable as exc:
         print(f"trainmedic: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}", file=sys.stderr)
         return EXIT_UNUSABLE
     if args.format == "json":
         json.dump(diagnosis.contract_dict(args.lang), sys.stdout, ensure_ascii=False)
         sys.stdout.write("\n")
     else:
+        from reports.render import render
+
         sys.stdout.write(render(diagnosis, args.format, args.lang))
     sys.stdout.flush()
     return EXIT_OK

@@ -26,6 +26,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 
+from trainmedic.datafile import load_yaml
 from trainmedic.errors import TrainmedicError
 
 ENV_PREFIX = "TRAINMEDIC_"
@@ -300,7 +301,8 @@ class ConfigError(TrainmedicError):
 def _env_overrides(env: Mapping[str, str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, raw in env.items():
-        if not name.startswith(ENV_PREFIX) or name in {"TRAINMEDIC_LANG"}:
+        # Not settings: the CLI's language and the compile cache's folder (trainmedic/cache.py).
+        if not name.startswith(ENV_PREFIX) or name in {"TRAINMEDIC_LANG", "TRAINMEDIC_CACHE_DIR"}:
             continue
         path = [p.lower() for p in name[len(ENV_PREFIX) :].split("__") if p]
         if not path:
@@ -336,7 +338,11 @@ def load_settings(path: str | Path | None = None, env: Mapping[str, str] | None 
     if path is not None:
         p = Path(path)
         try:
-            loaded = yaml.safe_load(p.read_text(encoding="utf-8"))
+            text = p.read_text(encoding="utf-8")
+            try:
+                loaded = load_yaml(text)
+            except yaml.YAMLError:
+                loaded = yaml.safe_load(text)  # the problem as the pure-Python parser words it
         except OSError as e:
             raise ConfigError([f"{p}: cannot read: {e.strerror or e}"]) from e
         except yaml.YAMLError as e:

@@ -22,7 +22,9 @@ Steps:
    (`scene_bundle_64_pods_s`, `scene_bundle_64_pods_local_s`); in the same runs, the webhook to a
    local receiver (`diagnosis_to_webhook_p99_ms`) and the report of the 64-pod incident
    (`report_render_ms`).
-6. Print one JSON object on stdout (medians, ratios, corpus and machine facts, per-repeat figures)
+6. The start-up figures (unless --no-coldstart): bench/coldstart.py times `trainmedic diagnose` of
+   one line as a fresh process (`diagnose_cold_s` with a warm compile cache, `diagnose_first_run_s`).
+7. Print one JSON object on stdout (medians, ratios, corpus and machine facts, per-repeat figures)
    and write it to bench/results.json. Progress goes to stderr.
 """
 
@@ -401,6 +403,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--keep", action="store_true", help="keep the generated corpus and pattern file")
     ap.add_argument("--no-pipeline", action="store_true", help="no event-pipeline figures")
     ap.add_argument("--no-remediation", action="store_true", help="no self-healing figures")
+    ap.add_argument("--no-coldstart", action="store_true", help="no `trainmedic diagnose` start-up figures")
     args = ap.parse_args(argv)
     if args.repeats < 1:
         ap.error("--repeats must be at least 1")
@@ -467,6 +470,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         result.update(run_pipeline_figures(args))
     if not args.no_remediation:
         result.update(run_remediation_figures(args))
+    if not args.no_coldstart:
+        from bench.coldstart import run_coldstart
+
+        log("`trainmedic diagnose` of one line as a fresh process (bench/coldstart.py)")
+        result.update(run_coldstart(repeats=max(5, args.repeats)))
     text = json.dumps(result, indent=2, ensure_ascii=False)
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(text + "\n", encoding="utf-8")

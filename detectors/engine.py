@@ -38,6 +38,7 @@ from detectors.localize import localize
 from detectors.phase import MAX_LINE as MAX_MARKER_LINE
 from detectors.phase import PHASE_SENSITIVE, PhaseMarkers, load_phase_markers
 from detectors.schema import Rule
+from trainmedic import cache
 from trainmedic.models import FaultClass, Finding, I18nText, Source
 
 _hs: Any
@@ -63,10 +64,28 @@ _WIDE_REPEAT = re.compile(r"(?<!\\)\{(\d+),(?:1[7-9]|[2-9]\d|\d{3,})\}")
 _TRAILING_ANY = re.compile(r"(?:\.[*+]\??)+\$?$")
 
 
+class _LazyRegex:
+    """A rule pattern compiled at its first search. The prefilter finds the candidates, so a fresh
+    `trainmedic diagnose` of a few lines compiles the patterns it points at, not every rule's."""
+
+    __slots__ = ("_compiled", "flags", "pattern")
+
+    def __init__(self, pattern: str, flags: int) -> None:
+        self.pattern = pattern
+        self.flags = flags
+        self._compiled: re.Pattern[str] | None = None
+
+    def search(self, string: str) -> re.Match[str] | None:
+        compiled = self._compiled
+        if compiled is None:
+            compiled = self._compiled = re.compile(self.pattern, self.flags)
+        return compiled.search(string)
+
+
 @dataclass(frozen=True, slots=True)
 class _Pat:
     rule_index: int
-    regex: re.Pattern[str]
+    regex: _LazyRegex
     continuation: bool
 
 
@@ -94,11 +113,11 @@ class Engine:
         if self.fast and not HYPERSCAN_AVAILABLE:
             raise RuntimeError("fast path requested but the hyperscan module is not installed")
         self._pats: list[_Pat] = []
-        self._unless: list[list[re.Pattern[str]]] = []
+        self._unless: list[list[_LazyRegex]] = []
         for ri, rule in enumerate(self.rules):
             for p in rule.patterns:
-                self._pats.append(_Pat(ri, re.compile(p, re.ASCII), rule.continuation > 0))
-            self._unless.append([re.compile(u, re.ASCII) for u in rule.unless])
+                self._pats.append(_Pat(ri, _LazyRegex(p, re.ASCII), rule.continuation > 0))
+            self._unless.append([_LazyRegex(u, re.ASCII) for u in rule.unless])
         self._rule_index = {rule.id: ri for ri, rule in enumerate(self.rules)}
         self._phases: PhaseMarkers = load_phase_markers()
         self._line_ids = [i for i, p in enumerate(self._pats) if not p.continuation]
@@ -623,21 +642,45 @@ class _HyperscanPrefilter(_Prefilter):
         self.db = None
         if not compiled:
             return
+        # Compiling takes most of a fresh process's start: the database is kept in the on-disk
+        # cache (trainmedic/cache.py), keyed by the expressions, their ids and the flags.
+        key = cache.make_key("hyperscan", [str(base), *(b"%d\0%s" % (pid, expr) for pid, _, expr in compiled)])
+        if self._from_cache(key, pats):
+            return
         try:
             self.db = self._compile(compiled, base)
-            return
         except _hs.error:
-            pass
-        # Some pattern is not expressible even as a prefilter: find which, scan those with re.
-        good = []
-        for item in compiled:
-            try:
-                self._compile([item], base)
-                good.append(item)
-            except _hs.error:
-                pid, pattern, _ = item
-                self.fallback.append((pid, re.compile(pattern.encode("utf-8"), re.ASCII | re.MULTILINE)))
-        self.db = self._compile(good, base) if good else None
+            # Some pattern is not expressible even as a prefilter: find which, scan those with re.
+            good = []
+            for item in compiled:
+                try:
+                    self._compile([item], base)
+                    good.append(item)
+                except _hs.error:
+                    pid, pattern, _ = item
+                    self.fallback.append((pid, re.compile(pattern.encode("utf-8"), re.ASCII | re.MULTILINE)))
+            self.db = self._compile(good, base) if good else None
+        if cache.cache_dir() is not None:
+            blob = _hs.dumpb(self.db) if self.db is not None else None
+            cache.store("hyperscan", key, (blob, [pid for pid, _ in self.fallback]))
+
+    def _from_cache(self, key: str, pats: list[tuple[int, str]]) -> bool:
+        assert _hs is not None
+        entry: Any = cache.load("hyperscan", key)
+        try:
+            blob, fallback_ids = entry
+            db = _hs.loadb(blob, _hs.HS_MODE_BLOCK) if blob is not None else None
+            if db is not None:
+                db.scratch = _hs.Scratch(db)  # loadb leaves it without one; compile makes its own
+                # A database built for another CPU (a cache folder shared between machines) is
+                # refused at scan time: find out now, and compile afresh.
+                db.scan(b"\n", match_event_handler=lambda *_: None)
+            by_id = dict(pats)
+            fallback = [(pid, re.compile(by_id[pid].encode("utf-8"), re.ASCII | re.MULTILINE)) for pid in fallback_ids]
+        except Exception:  # noqa: BLE001 - no entry, or one this hyperscan cannot load: compile afresh
+            return False
+        self.db, self.fallback = db, fallback
+        return True
 
     @staticmethod
     def _compile(items: list[tuple[int, str, bytes]], flags: int) -> Any:
@@ -666,7 +709,7 @@ class _AnchorPrefilter(_Prefilter):
     # lower-cased literal search is not safe, so case-insensitive patterns fall back to re.
     _FOLDS = (b"\xc4\xb0", b"\xc4\xb1", b"\xc5\xbf", b"\xe2\x84\xaa")
 
-    def __init__(self, pats: list[tuple[int, re.Pattern[str]]]) -> None:
+    def __init__(self, pats: list[tuple[int, _LazyRegex]]) -> None:
         self.by_anchor: dict[Anchor, list[int]] = {}
         self.fallback: list[tuple[int, re.Pattern[bytes]]] = []
         self.ci_fallback: list[tuple[int, re.Pattern[bytes]]] = []

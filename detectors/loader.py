@@ -17,6 +17,7 @@ from pydantic import ValidationError
 
 from detectors.schema import Rule, RuleFile, RuleStatus
 from rules import RULES_DIR
+from trainmedic import cache
 from trainmedic.datafile import format_error, node_line, parse_yaml, short_text
 from trainmedic.errors import Problem, RuleLoadError
 
@@ -119,8 +120,37 @@ def load_rules(
     include_shipped: bool = True,
     run_examples: bool = True,
 ) -> RuleSet:
-    """Load the shipped rules plus users' rule directories. Raises RuleLoadError with every problem."""
+    """Load the shipped rules plus users' rule directories. Raises RuleLoadError with every problem.
+
+    A rule set that loads without error is kept in the on-disk cache (trainmedic/cache.py), keyed
+    by the path and bytes of every rule file: the next process with the same files skips parsing,
+    validation and the examples. Problems are never cached: they are found and reported afresh."""
     dirs = ([RULES_DIR] if include_shipped else []) + [Path(d) for d in extra_dirs]
+    key = _cache_key(dirs, run_examples)
+    cached = cache.load("rules", key) if key is not None else None
+    if isinstance(cached, RuleSet):
+        return cached
+    ruleset = _load_rules(dirs, run_examples=run_examples)
+    if key is not None:
+        cache.store("rules", key, ruleset)
+    return ruleset
+
+
+def _cache_key(dirs: Sequence[Path], run_examples: bool) -> str | None:
+    """The rule set's cache key: every directory given and every rule file's path and bytes."""
+    if cache.cache_dir() is None:
+        return None
+    parts: list[bytes | str] = [f"examples={run_examples}"]
+    parts.extend(f"dir={d}:{d.exists()}" for d in dirs)
+    for path in rule_files(d for d in dirs if d.exists()):
+        try:
+            parts.extend((str(path), path.read_bytes()))
+        except OSError:
+            return None  # the loader reports it
+    return cache.make_key("rules", parts)
+
+
+def _load_rules(dirs: Sequence[Path], *, run_examples: bool) -> RuleSet:
     problems: list[Problem] = []
     ruleset = RuleSet()
     for d in dirs:

@@ -50,7 +50,7 @@ class MatchExample(BaseModel):
     `groups` optionally pins localisation values, e.g. `{device: "3", rank: "1"}`.
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
     line: str = Field(min_length=1)
     code: str = Field(min_length=1)
@@ -59,7 +59,7 @@ class MatchExample(BaseModel):
 
 
 class Examples(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
     match: list[MatchExample] = Field(default_factory=list)
     # Near misses: keyword-rich lines that must NOT produce a finding of this rule.
@@ -67,7 +67,7 @@ class Examples(BaseModel):
 
 
 class Rule(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
     id: str = Field(pattern=r"^[a-z0-9][a-z0-9_.-]*$", max_length=80)
     status: RuleStatus
@@ -132,7 +132,7 @@ class Rule(BaseModel):
 
 
 class RuleFile(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
     version: int = Field(default=1, ge=1, le=1)
     rules: list[Rule] = Field(default_factory=list)

@@ -47,6 +47,7 @@ from jinja2.sandbox import SandboxedEnvironment
 from markupsafe import Markup, escape
 
 from reports.chart import Series, format_value, sparkline, svg_chart
+from trainmedic.datafile import load_yaml
 from trainmedic.errors import TrainmedicError
 
 __all__ = [
@@ -100,7 +101,11 @@ class ReportError(TrainmedicError):
 def labels() -> dict[str, dict[str, dict[str, str]]]:
     """{group: {key: {"en": ..., "zh": ...}}}; ReportError when an entry lacks a language."""
     try:
-        data = yaml.safe_load(LABELS_FILE.read_text(encoding="utf-8"))
+        text = LABELS_FILE.read_text(encoding="utf-8")
+        try:
+            data = load_yaml(text)
+        except yaml.YAMLError:
+            data = yaml.safe_load(text)  # the problem as the pure-Python parser words it
     except (OSError, yaml.YAMLError) as exc:
         raise ReportError(f"{LABELS_FILE}: cannot be read: {exc}".splitlines()[0]) from exc
     if not isinstance(data, dict):

@@ -9,6 +9,10 @@ import pytest
 from detectors.engine import Engine, has_hyperscan
 from detectors.loader import RuleSet, load_rules
 
+# No on-disk compile cache unless a test asks for one (tests/test_cache.py): a test never reads an
+# entry that an earlier test, or the developer's own runs, left behind.
+os.environ.setdefault("TRAINMEDIC_CACHE_DIR", "")
+
 
 @pytest.fixture(scope="session")
 def shipped_ruleset() -> RuleSet:

@@ -14,9 +14,10 @@ from collections.abc import Mapping
 from importlib import resources
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from trainmedic import cache
+from trainmedic.datafile import load_yaml
 from trainmedic.models import Action, Chip, FaultClass, I18nText, Severity
 
 Origin = Literal["hardware", "application", "driver", "system", "interconnect", "thermal", "memory", "unknown"]
@@ -102,7 +103,7 @@ class CatalogEntry(BaseModel):
     transcription of a vendor table (the reason is in `note`).
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
     chip: Chip
     code: str = Field(min_length=1)
@@ -120,7 +121,7 @@ class CatalogEntry(BaseModel):
 
 
 class CatalogSource(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
     title: str = Field(min_length=1)
     url: str = Field(min_length=1)
@@ -130,7 +131,7 @@ class CatalogSource(BaseModel):
 class Catalog(BaseModel):
     """A loaded catalog file: its source, its vendor-bucket mapping and its entries by code."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
     chip: Chip
     source: CatalogSource
@@ -187,10 +188,15 @@ def parse_catalog(data: object, filename: str) -> Catalog:
 
 
 def load_catalog_text(text: str, filename: str) -> Catalog:
+    import yaml  # not needed when the catalog comes from the cache
+
     try:
-        data: Any = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise CatalogError(f"{filename}: not valid YAML: {exc}") from exc
+        data: Any = load_yaml(text)
+    except yaml.YAMLError:
+        try:  # the message as the pure-Python parser words it
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise CatalogError(f"{filename}: not valid YAML: {exc}") from exc
     return parse_catalog(data, filename)
 
 
@@ -201,7 +207,14 @@ def load_package_catalog(filename: str) -> Catalog:
         text = resources.files("udal").joinpath(filename).read_text(encoding="utf-8")
     except FileNotFoundError as exc:
         raise CatalogError(f"{filename}: catalog file not found in package udal") from exc
-    return load_catalog_text(text, filename)
+    # Parsed and validated once per content: later processes unpickle it (trainmedic/cache.py).
+    key = cache.make_key("catalog", [filename, text])
+    catalog = cache.load("catalog", key)
+    if isinstance(catalog, Catalog):
+        return catalog
+    catalog = load_catalog_text(text, filename)
+    cache.store("catalog", key, catalog)
+    return catalog
 
 
 def parse_visible_devices(value: str | None) -> list[int] | None:
