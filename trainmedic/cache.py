@@ -52,11 +52,9 @@ _CODE_FILES = (
     # (`catalog_class`): a change there must re-check them.
     "rules/phases/phases.yaml",
     "udal/base.py",
-    "udal/nvidia_catalog.yaml",
-    "udal/ascend_catalog.yaml",
-    "udal/cambricon_catalog.yaml",
-    "udal/generic_catalog.yaml",
 )
+# ... and every vendor catalog data file under udal/.
+_CODE_GLOBS = ("udal/*.yaml",)
 
 
 def cache_dir() -> Path | None:
@@ -76,7 +74,8 @@ def code_fingerprint() -> bytes:
     h = hashlib.sha256()
     h.update(f"{FORMAT}\0{__version__}\0{sys.version}\0{sys.platform}\0".encode())
     h.update(_hyperscan_version().encode())
-    for rel in _CODE_FILES:
+    globbed = [str(p.relative_to(_ROOT)) for g in _CODE_GLOBS for p in sorted(_ROOT.glob(g))]
+    for rel in (*_CODE_FILES, *globbed):
         try:
             h.update(rel.encode() + b"\0" + (_ROOT / rel).read_bytes() + b"\0")
         except OSError:
