@@ -22,8 +22,8 @@ The reasoning, in order:
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
-import udal
 from detectors import waitgraph
 from trainmedic.models import (
     SEVERITY_RANK,
@@ -60,8 +60,14 @@ CONSEQUENCE_WEIGHT = 4
 SYMPTOM_CLASSES = frozenset({FaultClass.HANG, FaultClass.COMM_ERROR, FaultClass.PROCESS_KILLED, FaultClass.UNKNOWN})
 
 
+if TYPE_CHECKING:
+    import udal
+
+
 def enrich(finding: Finding) -> tuple[Finding, udal.CatalogEntry | None]:
     """The finding with the vendor's action and class applied from the chip catalog."""
+    import udal  # deferred: `diagnose` of logs without findings never loads the catalogs
+
     entry = udal.lookup(finding.chip, finding.code)
     if entry is None:
         return finding, None

@@ -32,7 +32,6 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-import udal
 from detectors.anchors import MIN_ANCHOR_LEN, Anchor, required_anchors
 from detectors.localize import localize
 from detectors.phase import MAX_LINE as MAX_MARKER_LINE
@@ -263,6 +262,8 @@ class Engine:
         for f in findings:
             rule = self.rules[self._rule_index[f.rule_id]]
             if rule.catalog_class:
+                import udal  # deferred: a scan without vendor codes never loads the catalogs
+
                 entry = udal.lookup(f.chip, f.code)
                 if entry is not None and entry.fault_class is not None:
                     f.fault_class = entry.fault_class

@@ -23,12 +23,12 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rules import RULES_DIR
+from trainmedic import cache
 from trainmedic.datafile import format_error, node_line, parse_yaml
 from trainmedic.errors import Problem, TrainmedicError
 from trainmedic.models import FaultClass
@@ -66,11 +66,27 @@ class PhaseError(TrainmedicError):
         super().__init__("; ".join(str(p) for p in problems))
 
 
-@dataclass(frozen=True, slots=True)
 class PhaseMarkers:
-    # Compiled over bytes: the engine hands raw lines over without decoding them.
-    init: re.Pattern[bytes]
-    runtime: re.Pattern[bytes]
+    """The init and runtime markers, each one alternation compiled over bytes at first use (the
+    engine hands raw lines over without decoding them; most scans never need a phase)."""
+
+    def __init__(self, init: list[str], runtime: list[str]) -> None:
+        self.init_patterns = init
+        self.runtime_patterns = runtime
+        self._compiled: tuple[re.Pattern[bytes], re.Pattern[bytes]] | None = None
+
+    def _regexes(self) -> tuple[re.Pattern[bytes], re.Pattern[bytes]]:
+        if self._compiled is None:
+            self._compiled = (_alternation(self.init_patterns), _alternation(self.runtime_patterns))
+        return self._compiled
+
+    @property
+    def init(self) -> re.Pattern[bytes]:
+        return self._regexes()[0]
+
+    @property
+    def runtime(self) -> re.Pattern[bytes]:
+        return self._regexes()[1]
 
     def on_line(self, text: bytes) -> FaultClass | None:
         """COMM_ERROR when the line carries a runtime marker, COMM_INIT for an init one, else None.
@@ -100,15 +116,17 @@ class PhaseMarkers:
         return FaultClass.COMM_INIT if phase is FaultClass.COMM_INIT else fault_class
 
 
-def _compile(markers: list[Marker], name: str, what: str, problems: list[Problem]) -> re.Pattern[bytes]:
+def _alternation(patterns: list[str]) -> re.Pattern[bytes]:
+    return re.compile("|".join(f"(?:{p})" for p in patterns).encode("utf-8"), re.ASCII)
+
+
+def _check(markers: list[Marker], name: str, what: str, problems: list[Problem]) -> list[str]:
     for i, m in enumerate(markers):
         try:
             re.compile(m.pattern)
         except re.error as exc:
             problems.append(Problem(name, None, f"{what}.{i}: invalid regex {m.pattern!r}: {exc}"))
-    if problems:
-        return re.compile(b"(?!)")
-    return re.compile("|".join(f"(?:{m.pattern})" for m in markers).encode("utf-8"), re.ASCII)
+    return [m.pattern for m in markers]
 
 
 def parse_phase_file(text: str, name: str) -> PhaseMarkers:
@@ -120,8 +138,8 @@ def parse_phase_file(text: str, name: str) -> PhaseMarkers:
     except ValidationError as exc:
         raise PhaseError([Problem(name, node_line(root, e["loc"]), format_error(e)) for e in exc.errors()]) from None
     problems: list[Problem] = []
-    init = _compile(spec.init, name, "init", problems)
-    runtime = _compile(spec.runtime, name, "runtime", problems)
+    init = _check(spec.init, name, "init", problems)
+    runtime = _check(spec.runtime, name, "runtime", problems)
     if problems:
         raise PhaseError(problems)
     return PhaseMarkers(init=init, runtime=runtime)
@@ -129,9 +147,15 @@ def parse_phase_file(text: str, name: str) -> PhaseMarkers:
 
 @functools.cache
 def load_phase_markers(path: Path = PHASES_FILE) -> PhaseMarkers:
-    """The shipped phase markers (compiled once per process)."""
+    """The shipped phase markers, validated once per content (trainmedic.cache), compiled at first use."""
     try:
-        text = path.read_text(encoding="utf-8")
+        data = path.read_bytes()
     except OSError as exc:
         raise PhaseError([Problem(str(path), None, f"cannot read: {exc.strerror or exc}")]) from None
-    return parse_phase_file(text, path.name)
+    key = cache.make_key("phases", [str(path), data])
+    hit = cache.load("phases", key)
+    if isinstance(hit, tuple) and len(hit) == 2:
+        return PhaseMarkers(init=list(hit[0]), runtime=list(hit[1]))
+    markers = parse_phase_file(data.decode("utf-8", "replace"), path.name)
+    cache.store("phases", key, (markers.init_patterns, markers.runtime_patterns))
+    return markers
