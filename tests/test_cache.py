@@ -301,3 +301,15 @@ def test_cache_dir_variable_is_not_a_setting() -> None:
 
     load_settings(env={cache.ENV_VAR: "/somewhere"})
     load_settings(env={cache.ENV_VAR: ""})
+
+
+def test_old_entries_are_pruned(cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cache, "KEEP_PER_KIND", 3)
+    for i in range(5):
+        cache.store("rules", f"{i:064x}", i)
+        os.utime(cache_dir / f"rules-{i:064x}.pickle", (1000 + i, 1000 + i))
+    cache.store("catalog", "c" * 64, "other kind")
+    assert cache.load("rules", f"{0:064x}") is None  # pruned: the oldest
+    kept = {p.name for p in entries(cache_dir, "rules")}
+    assert kept == {f"rules-{i:064x}.pickle" for i in (2, 3, 4)}
+    assert cache.load("catalog", "c" * 64) == "other kind"

@@ -31,6 +31,8 @@ from typing import Any
 from trainmedic import __version__
 
 ENV_VAR = "TRAINMEDIC_CACHE_DIR"
+# Entries kept per kind, the most recently used; older ones (other rule versions) are removed.
+KEEP_PER_KIND = 32
 # Bump when the layout of an entry changes.
 FORMAT = 1
 _MAGIC = b"trainmedic-cache\n"
@@ -121,7 +123,11 @@ def load(kind: str, key: str) -> Any | None:
             stored_key, value = pickle.load(fh)  # noqa: S301 - a private folder of our own files
     except Exception:  # noqa: BLE001 - a missing or corrupt entry is rebuilt, never an error
         return None
-    return value if stored_key == key else None
+    if stored_key != key:
+        return None
+    with contextlib.suppress(OSError):
+        os.utime(_path(folder, kind, key))  # recently used: kept by _prune
+    return value
 
 
 def store(kind: str, key: str, value: Any) -> None:
@@ -140,6 +146,7 @@ def store(kind: str, key: str, value: Any) -> None:
             pickle.dump((key, value), fh, protocol=pickle.HIGHEST_PROTOCOL)
         os.replace(tmp, _path(folder, kind, key))
         tmp = None
+        _prune(folder, kind)
     except Exception as exc:  # noqa: BLE001 - a read-only or full disk only costs the next run its speed
         import logging
 
@@ -148,3 +155,15 @@ def store(kind: str, key: str, value: Any) -> None:
         if tmp is not None:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
+
+
+def _prune(folder: Path, kind: str) -> None:
+    """Remove all but the KEEP_PER_KIND most recently used entries of `kind` (best effort)."""
+    aged: list[tuple[float, Path]] = []
+    for p in folder.glob(f"{kind}-*.pickle"):
+        with contextlib.suppress(OSError):
+            aged.append((p.stat().st_mtime, p))
+    aged.sort(reverse=True)
+    for _, p in aged[KEEP_PER_KIND:]:
+        with contextlib.suppress(OSError):
+            p.unlink()
