@@ -105,3 +105,31 @@ def test_place_of_a_file_in_a_collected_layout(
     name: str, root: str | None, expected: tuple[str | None, int | None]
 ) -> None:
     assert place_of(name, root) == expected
+
+
+WATCHDOG = (
+    "[rank{r}]:[E ProcessGroupNCCL.cpp:616] [Rank {r}] Watchdog caught collective operation timeout: "
+    "WorkNCCL(SeqNum=4242, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600104 "
+    "milliseconds before timing out.\n"
+)
+
+
+@pytest.mark.parametrize("nodes", [2, 4, 16])
+def test_a_device_error_explains_its_peers_timeouts(nodes: int, tmp_path: Path, re_engine: Engine) -> None:
+    bad = nodes - 1
+    files = {f"worker-{n}/rank{n}.log": "step 41\n" + WATCHDOG.format(r=n) for n in range(nodes) if n != bad}
+    files[f"worker-{bad}/dmesg"] = "[ 88.1] NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, GPU has fallen off the bus.\n"
+    files[f"worker-{bad}/rank{bad}.log"] = "step 41\n"
+    _write(tmp_path, files)
+    diagnosis = diagnose_paths([str(tmp_path)], re_engine)
+    rc = diagnosis.root_cause
+    assert rc is not None
+    assert (rc.fault_class, rc.code, rc.node, rc.device) == (
+        FaultClass.DEVICE_ERROR,
+        "xid:79",
+        f"worker-{bad}",
+        "0000:3b:00",
+    )
+    waits = [f for f in diagnosis.findings if f.fault_class is FaultClass.HANG]
+    assert len(waits) == nodes - 1
+    assert all(f.consequence_of == "xid:79" for f in waits)
