@@ -49,6 +49,14 @@ class BusSettings(_Group):
     )
     bootstrap: str = Field("localhost:9092", description="Kafka bootstrap servers, comma-separated host:port.")
     partitions: int = Field(12, ge=1, description="Partitions of each topic when the agent creates it.")
+    memory_max_bytes: int = Field(
+        256 << 20,
+        ge=1 << 20,
+        description="In-process bus: bytes a topic may hold uncommitted before publishers wait (back-pressure).",
+    )
+    memory_max_records: int = Field(
+        200_000, ge=100, description="In-process bus: records a partition may hold uncommitted before publishers wait."
+    )
     compression: Literal["zstd", "lz4", "gzip", "none"] = Field(
         "zstd", description="Producer batch compression (zstd needs Kafka >= 2.1)."
     )

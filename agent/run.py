@@ -66,7 +66,13 @@ class Agent:
 
 def make_bus(settings: Settings, telemetry: Telemetry) -> Bus:
     if settings.bus.kind == "memory":
-        return MemoryBus(partitions=settings.bus.partitions)
+        b = settings.bus
+        return MemoryBus(
+            partitions=b.partitions,
+            max_backlog=b.memory_max_records,
+            max_backlog_bytes=b.memory_max_bytes,
+            telemetry=telemetry,
+        )
     from agent.bus.kafka import KafkaBus
 
     b = settings.bus

@@ -7,6 +7,7 @@ private CollectorRegistry, so two agents in one test process never share counter
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -15,6 +16,8 @@ log = logging.getLogger("trainmedic")
 
 class Telemetry:
     def __init__(self) -> None:
+        # Gauges read from their owner at each scrape (the in-process bus's backlog).
+        self.refreshers: list[Callable[[], None]] = []
         r = self.registry = CollectorRegistry()
         self.events_in = Counter("trainmedic_events_in", "Events consumed from the bus", ["topic"], registry=r)
         self.events_out = Counter("trainmedic_events_out", "Events published to the bus", ["topic"], registry=r)
@@ -68,9 +71,26 @@ class Telemetry:
         self.webhook_failures = Counter(
             "trainmedic_webhook_failures", "Failed webhook requests by sink", ["sink"], registry=r
         )
+        self.bus_backlog_records = Gauge(
+            "trainmedic_bus_backlog_records",
+            "In-process bus: records held per topic (unread or uncommitted)",
+            ["topic"],
+            registry=r,
+        )
+        self.bus_backlog_bytes = Gauge(
+            "trainmedic_bus_backlog_bytes",
+            "In-process bus: bytes held per topic (unread or uncommitted)",
+            ["topic"],
+            registry=r,
+        )
+        self.bus_backpressure = Counter(
+            "trainmedic_bus_backpressure", "In-process bus: publishes that waited for room", ["topic"], registry=r
+        )
         self.outbox_depth = Gauge(
             "trainmedic_outbox_depth", "Notifications waiting in the outbox (pending) by sink", ["sink"], registry=r
         )
 
     def exposition(self) -> bytes:
+        for refresh in self.refreshers:
+            refresh()
         return generate_latest(self.registry)

@@ -2,9 +2,18 @@
 
 It behaves like a small Kafka so the code above it is the same: keys pick partitions, a group's
 members split the partitions, a member that leaves or is replaced hands its partitions over from the
-last committed offset (records it read but did not commit are read again). Records below every
-group's commit are trimmed; a topic with more than `max_backlog` unread records makes publishers
-wait (back-pressure) rather than grow without bound.
+last committed offset (records it read but did not commit are read again).
+
+Bounded by design (the embedded default runs for weeks):
+- every commit trims what every group reading the topic has committed, at once;
+- a topic holding `max_backlog` records, or `max_backlog_bytes` bytes, not yet committed by its
+  slowest group makes publishers wait (back-pressure, counted in `backpressure_waits` and
+  `trainmedic_bus_backpressure_total`) rather than grow; one record larger than the whole budget
+  still passes when nothing else is waiting, so nothing is refused for its size alone;
+- a topic nobody reads keeps only the newest `orphan_records` records and `orphan_bytes` bytes
+  (Kafka's retention in miniature): `trainmedic.incidents` in a brain with no reader of it.
+`stats()` says what is held, per topic, for the gauges (`trainmedic_bus_backlog_records`,
+`trainmedic_bus_backlog_bytes`).
 """
 
 from __future__ import annotations
@@ -16,17 +25,31 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from agent.bus.base import Bus, Consumer, Record, TopicPartition, partition_for
+from agent.telemetry import Telemetry
 from trainmedic.events import Event
+
+# What one record costs beyond its key and value (tuple, ints, deque slot): counted in the byte bound.
+RECORD_OVERHEAD = 96
+
+
+def _size(key: str | None, value: bytes | None) -> int:
+    return RECORD_OVERHEAD + (len(key) if key else 0) + (len(value) if value else 0)
 
 
 @dataclass
 class _Partition:
     base: int = 0  # offset of log[0]
     log: deque[tuple[str | None, bytes | None, int]] = field(default_factory=deque)
+    bytes: int = 0  # what the records held cost (`_size`)
 
     @property
     def end(self) -> int:
         return self.base + len(self.log)
+
+    def drop_oldest(self) -> None:
+        key, value, _ = self.log.popleft()
+        self.base += 1
+        self.bytes -= _size(key, value)
 
 
 @dataclass
@@ -39,13 +62,28 @@ class _Group:
 class MemoryBus(Bus):
     name = "memory"
 
-    def __init__(self, partitions: int = 4, max_backlog: int = 200_000) -> None:
+    def __init__(
+        self,
+        partitions: int = 4,
+        max_backlog: int = 200_000,
+        max_backlog_bytes: int = 256 << 20,
+        orphan_records: int = 10_000,
+        orphan_bytes: int = 16 << 20,
+        telemetry: Telemetry | None = None,
+    ) -> None:
         self.partitions = partitions
         self.max_backlog = max_backlog
+        self.max_backlog_bytes = max_backlog_bytes
+        self.orphan_records = orphan_records
+        self.orphan_bytes = orphan_bytes
+        self.telemetry = telemetry
         self._topics: dict[str, list[_Partition]] = {}
         self._groups: dict[str, _Group] = {}
         self._changed = asyncio.Condition()
         self.published = 0
+        self.backpressure_waits: dict[str, int] = {}
+        if telemetry is not None:
+            telemetry.refreshers.append(self.report)
 
     async def start(self) -> None:
         return None
@@ -66,33 +104,72 @@ class MemoryBus(Bus):
     async def publish_raw(self, topic: str, key: str | None, value: bytes | None) -> None:
         parts = self._topic(topic)
         part = parts[partition_for(key, len(parts))]
+        size = _size(key, value)
         async with self._changed:
-            if not any(topic in g.topics for g in self._groups.values()):
-                # Nobody reads this topic (yet): keep the newest `max_backlog` like a retention limit.
-                while len(part.log) >= self.max_backlog:
-                    part.log.popleft()
-                    part.base += 1
-            while self._backlog(topic, part) >= self.max_backlog:
+            waited = False
+            if not self._read(topic):
+                # Nobody reads this topic (yet): keep only the newest records, like a retention limit
+                # (nobody could free room for a waiting publisher).
+                records = min(self.orphan_records, self.max_backlog)
+                budget = min(self.orphan_bytes, self.max_backlog_bytes)
+                while part.log and (len(part.log) >= records or part.bytes + size > budget):
+                    part.drop_oldest()
+            while self._read(topic) and self._full(topic, part, size):
                 self._trim(topic)
-                if self._backlog(topic, part) < self.max_backlog:
+                if not self._full(topic, part, size):
                     break
+                if not waited:
+                    waited = True
+                    self.backpressure_waits[topic] = self.backpressure_waits.get(topic, 0) + 1
+                    if self.telemetry is not None:
+                        self.telemetry.bus_backpressure.labels(topic).inc()
                 await self._changed.wait()
             part.log.append((key, value, int(time.time() * 1000)))
+            part.bytes += size
             self.published += 1
             self._changed.notify_all()
 
-    def _backlog(self, topic: str, part: _Partition) -> int:
-        return part.end - part.base
+    def _read(self, topic: str) -> bool:
+        return any(topic in g.topics for g in self._groups.values())
 
-    def _trim(self, topic: str) -> None:
+    def _full(self, topic: str, part: _Partition, size: int) -> bool:
+        """No room for a record of `size` in `part`: its record bound, or the topic's byte bound (a
+        record alone larger than the budget passes once the topic is empty)."""
+        if part.end - part.base >= self.max_backlog:
+            return True
+        held = sum(p.bytes for p in self._topic(topic))
+        return held > 0 and held + size > self.max_backlog_bytes
+
+    def _trim(self, topic: str, only: int | None = None) -> None:
         groups = [g for g in self._groups.values() if topic in g.topics]
         if not groups:
             return
         for p, part in enumerate(self._topic(topic)):
+            if only is not None and p != only:
+                continue
             low = min(g.committed.get((topic, p), 0) for g in groups)
             while part.log and part.base < low:
-                part.log.popleft()
-                part.base += 1
+                part.drop_oldest()
+
+    def stats(self) -> dict[str, dict[str, int]]:
+        """Per topic: records and bytes held (not yet committed by its slowest reader, or retained
+        for nobody), and how often a publisher had to wait."""
+        out: dict[str, dict[str, int]] = {}
+        for topic, parts in self._topics.items():
+            out[topic] = {
+                "records": sum(len(p.log) for p in parts),
+                "bytes": sum(p.bytes for p in parts),
+                "backpressure_waits": self.backpressure_waits.get(topic, 0),
+            }
+        return out
+
+    def report(self) -> None:
+        """Set the backlog gauges from `stats()` (called on each /metrics scrape)."""
+        if self.telemetry is None:
+            return
+        for topic, s in self.stats().items():
+            self.telemetry.bus_backlog_records.labels(topic).set(s["records"])
+            self.telemetry.bus_backlog_bytes.labels(topic).set(s["bytes"])
 
     async def flush(self) -> None:
         return None
@@ -185,6 +262,8 @@ class MemoryConsumer(Consumer):
         for tp, off in offsets.items():
             if tp in self._assigned and off > g.committed.get(tp, -1):
                 g.committed[tp] = off
+                # What every reader has committed is gone at once, not when the backlog fills up.
+                self.bus._trim(tp[0], only=tp[1])
         async with self.bus._changed:
             self.bus._changed.notify_all()
 
