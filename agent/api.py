@@ -81,7 +81,7 @@ from agent.store import IncidentStatus, IncidentStore, StoreError
 from agent.telemetry import Telemetry
 from agent.watchers.metrics import device_of, node_of
 from detectors.correlator import correlate
-from detectors.diagnose import attribute, known_nodes, make_engine
+from detectors.diagnose import Layout, attribute, known_nodes, make_engine
 from detectors.engine import Engine
 from detectors.metric_rules import RULES_BY_METRIC, Kind
 from trainmedic.errors import InputError, RuleLoadError, TrainmedicError
@@ -601,9 +601,10 @@ def diagnose_blobs(blobs: Sequence[tuple[str, bytes]], engine: Engine) -> Diagno
     findings: list[Finding] = []
     ranks: dict[int, str | None] = {}
     lines = 0
+    layout = Layout([name for name, _ in blobs], "")
     for name, data in blobs:
         found, n = engine.scan_stream(io.BytesIO(data), file=name)
-        findings.extend(attribute(found, name, "", ranks))
+        findings.extend(attribute(found, name, "", ranks, layout))
         lines += n
     return correlate(findings, lines_scanned=lines, ranks_seen=ranks, rank_nodes=known_nodes(ranks))
 

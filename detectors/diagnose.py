@@ -107,12 +107,47 @@ def place_of(name: str, root: str | None) -> tuple[str | None, int | None]:
     return node, int(m.group(1)) if m else None
 
 
-def attribute(found: list[Finding], name: str, root: str | None, ranks: dict[int, str | None]) -> list[Finding]:
-    """The findings of one file with the node and rank its place in the layout gives (`place_of`),
-    where the lines do not say; the rank joins `ranks` (rank -> node: the ranks whose logs were read)."""
+# CANN's log layout (Ascend "Log Reference"): process logs `plog/plog-<pid>_<time>.log` and device
+# logs `device-<id>/device-<pid>_<time>.log`; a process's device is the folder of its device log.
+_PLOG = re.compile(r"^plog-(\d{1,10})_\d+\.log$")
+_DEVICE_LOG = re.compile(r"^device-(\d{1,10})_\d+\.log$")
+_DEVICE_DIR = re.compile(r"^device-(\d{1,3})$")
+
+
+class Layout:
+    """What a collection's file names say about where each file's lines come from."""
+
+    def __init__(self, names: Sequence[str], root: str | None) -> None:
+        self.root = root
+        self.pid_device: dict[tuple[str | None, str], str] = {}
+        for name in names:
+            path = Path(name)
+            m = _DEVICE_LOG.match(path.name)
+            d = _DEVICE_DIR.match(path.parent.name)
+            if m and d:
+                node, _ = place_of(name, root)
+                self.pid_device[(node, m.group(1))] = d.group(1)
+
+    def device_of(self, name: str, node: str | None) -> str | None:
+        m = _PLOG.match(Path(name).name)
+        if m is None:
+            d = _DEVICE_DIR.match(Path(name).parent.name)
+            return d.group(1) if d and _DEVICE_LOG.match(Path(name).name) else None
+        return self.pid_device.get((node, m.group(1)))
+
+
+def attribute(
+    found: list[Finding], name: str, root: str | None, ranks: dict[int, str | None], layout: Layout | None = None
+) -> list[Finding]:
+    """The findings of one file with the node, rank and device its place in the layout gives
+    (`place_of`; a CANN plog's device through its process's device log), where the lines do not say;
+    the rank joins `ranks` (rank -> node: the ranks whose logs were read)."""
     node, rank = place_of(name, root)
     if rank is not None:
         ranks[rank] = ranks.get(rank) or node
+    device = layout.device_of(name, node) if layout is not None else None
+    if device is not None:
+        found = [f.model_copy(update={"device": f.device or device}) for f in found]
     if node is None and rank is None:
         return found
     return [
@@ -128,8 +163,9 @@ def diagnose_paths(paths: Sequence[str], engine: Engine) -> Diagnosis:
     for path in paths:
         root = path if path != "-" and Path(path).is_dir() else None
         names = expand_inputs([path])
+        layout = Layout(names, root)
         for name, (found, n) in zip(names, scan_inputs(engine, names), strict=True):
-            findings.extend(attribute(found, name, root, ranks))
+            findings.extend(attribute(found, name, root, ranks, layout))
             lines += n
     return correlate(findings, lines_scanned=lines, ranks_seen=ranks, rank_nodes=known_nodes(ranks))
 

@@ -133,3 +133,21 @@ def test_a_device_error_explains_its_peers_timeouts(nodes: int, tmp_path: Path, 
     waits = [f for f in diagnosis.findings if f.fault_class is FaultClass.HANG]
     assert len(waits) == nodes - 1
     assert all(f.consequence_of == "xid:79" for f in waits)
+
+
+def test_a_plog_takes_its_device_from_the_process_device_log(tmp_path: Path, re_engine: Engine) -> None:
+    """CANN's layout: plog-<pid>_<time>.log, and device-<id>/device-<pid>_<time>.log for the same pid."""
+    _write(
+        tmp_path,
+        {
+            "node-3/process_log/debug/plog/plog-4242_20250101.log": (
+                "[ERROR] HCCL(4242,python):2025-11-22-17:37:04.448.967 [hccl_socket_manager.cc:599] [3] "
+                "| 10.0.0.1(1) | 16666 | 10.0.0.3(3) | 0 | server | time out | DISABLE |\n"
+            ),
+            "node-3/process_log/debug/device-5/device-4242_20250101.log": "[INFO] RUNTIME device up\n",
+            "node-3/process_log/debug/device-2/device-1111_20250101.log": "[INFO] RUNTIME device up\n",
+        },
+    )
+    diagnosis = diagnose_paths([str(tmp_path)], re_engine)
+    row = next(f for f in diagnosis.findings if f.rule_id == "ascend.hccl_link_error_row")
+    assert (row.node, row.device, row.rank) == ("node-3", "5", 3)
