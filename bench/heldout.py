@@ -109,7 +109,7 @@ def figures(path: Path = CORPUS) -> dict[str, Any]:
         "train_excerpts": len(train),
         "train_negatives_fired": sum(1 for o in train if o.label == NONE and o.predicted != NONE),
         "ambiguous_excerpts": sum(1 for o in outcomes if o.ambiguous),
-        "heldout_corpus": str(path.relative_to(ROOT)),
+        "heldout_corpus": str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path),
     }
 
 

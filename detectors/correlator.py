@@ -123,7 +123,7 @@ def correlate(
 
 
 # Rules whose findings name the rank that failed first (torch elastic's failure summary).
-ORIGIN_RULES = frozenset({"generic.elastic_failure"})
+ORIGIN_RULES = frozenset({"generic.elastic_failure", "generic.elastic_failure_exit1"})
 
 
 def _best(enriched: list[tuple[Finding, udal.CatalogEntry | None]], weights: list[int]) -> int:

