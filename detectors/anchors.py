@@ -61,6 +61,13 @@ def _seq(items: Any, ci: bool) -> frozenset[Anchor] | None:
         if op is LITERAL:
             run.append(chr(av))
             continue
+        if op is BRANCH and run:
+            # `re` factors a common prefix out of an alternation ("Error|Exception" parses as
+            # "E" + (rror|xception)): the prefix joined to each branch's leading literals is a
+            # longer, equally required, anchor set.
+            joined = _joined(run, av[1], ci)
+            if joined:
+                candidates.append(joined)
         flush()
         if op is SUBPATTERN:
             _group, add_flags, del_flags, sub = av
@@ -87,6 +94,23 @@ def _seq(items: Any, ci: bool) -> frozenset[Anchor] | None:
                     candidates.append(found)
     flush()
     return _best(candidates)
+
+
+def _lead(branch: Any) -> str:
+    """The literal characters a branch starts with."""
+    out: list[str] = []
+    for op, av in branch:
+        if op is not LITERAL:
+            break
+        out.append(chr(av))
+    return "".join(out)
+
+
+def _joined(prefix: list[str], branches: Any, ci: bool) -> frozenset[Anchor] | None:
+    texts = ["".join(prefix) + _lead(b) for b in branches]
+    if ci and not all(t.isascii() for t in texts):
+        return None
+    return frozenset(Anchor((t.lower() if ci else t).encode("utf-8"), ci) for t in texts)
 
 
 def required_anchors(pattern: str) -> frozenset[Anchor] | None:
