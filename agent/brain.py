@@ -6,11 +6,22 @@ owns every job hashed to it: it alone correlates that job, and (issue 4) alone a
 
 Per event:
 * log and kernel batches go through the rule engine (the same engine as `trainmedic diagnose`,
-  compiled once per source: container logs, kernel, Kubernetes lines); pod statuses and core/v1
-  events are rendered as the canonical `pod_status:` / `k8s_event:` lines the rules match;
+  compiled once per source: container logs, kernel, Kubernetes lines); pod statuses, core/v1
+  events, unhealthy nodes (the copies published per job) and failed workloads are rendered as the
+  canonical `pod_status:` / `k8s_event:` / `node_status:` / `job_status:` lines the rules match
+  (agent/watchers/k8s.py); a container's termination is taken once, however often its pod's later
+  changes render it again, and not at all when it ended more than `termination_max_age_s` ago;
 * the hang detector sees every log batch (step progress, checkpoint and evaluation markers), the
   job's running state and the accelerator utilisation; it is checked on a timer;
 * metric batches go through the metric rules (Xid / ECC counters rising, health 0, link down).
+
+Every interruption becomes a diagnosis: a pod that failed with nothing but an exit code, a node
+gone NotReady under a job, a workload marked Failed give findings of their own (`unknown`,
+`node_failure`, `process_killed`), which the correlator ranks below any cause a log, kernel or
+device line gives. A window whose root cause is still `unknown` when it is due stays open until no
+finding has come for `settle_s`, so the log evidence of the same failure, shipped a little later
+than the pod's status, settles it instead. An `unknown` diagnosis carries the last error-looking
+lines of every rank of the job and the containers' exit codes.
 
 Findings are grouped per key (job, or node for node-only signals) in a window. A diagnosis is
 published on `trainmedic.diagnoses` as soon as the window has its first finding (revision 1: the
@@ -32,16 +43,18 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import re
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from agent.bus.base import Bus, OffsetTracker, Record, TopicPartition
 from agent.bus.dlq import decode_record, set_aside
 from agent.telemetry import Telemetry
-from agent.watchers.k8s import k8s_event_line, pod_status_lines
+from agent.watchers.k8s import k8s_event_line, node_status_lines, pod_status_entries, workload_status_lines
 from detectors.correlator import correlate
 from detectors.engine import Engine
 from detectors.hang import HangDetector
@@ -64,9 +77,11 @@ from trainmedic.events import (
     make_event,
     node_key,
 )
-from trainmedic.models import Finding, Source
+from trainmedic.models import FaultClass, Finding, Source
 
 log = logging.getLogger("trainmedic.brain")
+
+T = TypeVar("T")
 
 # A job's running state for the hang detector, from its pods' phases.
 _RUNNING_PHASES = frozenset({"Running"})
@@ -96,6 +111,17 @@ class BrainSettings:
     # Recent kernel lines kept per node for the scene bundle (lines per node, nodes).
     kernel_tail_lines: int = 5_000
     kernel_tail_nodes: int = 2_000
+    # A window whose root cause is still `unknown` when it is due stays open until no finding has
+    # come for this long (at most `window_s` more), waiting for the log line that explains it.
+    # Capped at `window_s`.
+    settle_s: float = 5.0
+    # A container termination that ended longer ago than this (a pod listed again at start-up) is
+    # not a finding.
+    termination_max_age_s: float = 600.0
+    # Error-looking lines kept per rank for `unknown` diagnoses (lines per rank, ranks per job, jobs).
+    error_lines_per_rank: int = 20
+    error_ranks_per_job: int = 64
+    error_jobs: int = 1_000
 
 
 @dataclass
@@ -112,6 +138,16 @@ class _Window:
     revision: int = 0
     signature: tuple[object, ...] | None = None
     latency_recorded: bool = False
+    last_added: float = 0.0
+    unknown: bool = False
+
+
+# What an error-looking line of a rank's log is, for the evidence of an `unknown` diagnosis.
+_ERROR_LINE = re.compile(
+    r"Traceback|Error\b|ERROR|Exception\b|FATAL|Fatal|\bexit(?:ed|code| code| status)|Killed|"
+    r"Segmentation fault|Aborted|\bE\d{4} \d\d:"
+)
+_ERROR_LINE_MAX = 500
 
 
 def _fold_key(f: Finding) -> tuple[object, ...]:
@@ -162,6 +198,11 @@ class Brain:
         # node -> (time, line) of its recent kernel messages: the scene's "kernel lines around the fault".
         self.kernel_tail: OrderedDict[str, deque[tuple[float, str]]] = OrderedDict()
         self._kernel_ids: OrderedDict[str, None] = OrderedDict()
+        # job key -> rank label -> its last error-looking lines; job key -> "<pod>/<container>" -> exit code.
+        self.error_lines: OrderedDict[str, dict[str, deque[str]]] = OrderedDict()
+        self.exit_codes: OrderedDict[str, dict[str, int]] = OrderedDict()
+        # Container terminations already turned into lines (pod uid, container, end time).
+        self._terminations: OrderedDict[str, None] = OrderedDict()
 
     # -- the consume loop -----------------------------------------------------------------------------
 
@@ -250,6 +291,8 @@ class Brain:
             self.hang.observe_lines(
                 job_key, p.rank, p.pod, p.node, p.times[-1] if p.times else event.time, p.lines, times=p.times or None
             )
+            if p.job is not None:
+                self._keep_error_lines(p.job.key, f"rank {p.rank}" if p.rank is not None else p.pod, p.lines)
             return self._scan(Source.CONTAINER_LOG, p.lines, p.times, event, p.first_line, p.file)
         if isinstance(p, KernelBatch):
             self.telemetry.lines_in.labels("kernel").inc(len(p.lines))
@@ -257,7 +300,8 @@ class Brain:
             return self._scan(Source.KERNEL, p.lines, p.times, event, p.first_line, f"kernel:{p.node}:{p.source}")
         if isinstance(p, PodStatus):
             self._pod_running(p, event.time)
-            lines = pod_status_lines(p)
+            self._keep_exit_codes(p)
+            lines = self._new_pod_lines(p, event.time)
             return self._scan(Source.POD_STATUS, lines, [], event, 1, f"pod/{p.namespace}/{p.pod}") if lines else []
         if isinstance(p, K8sEvent):
             return self._scan(Source.K8S_EVENT, [k8s_event_line(p)], [], event, 1, "events")
@@ -265,7 +309,12 @@ class Brain:
             if p.deleted or (p.phase in _TERMINAL_WORKLOAD):
                 self.hang.observe_job(p.job.key, False, event.time)
                 self._job_pods_running.pop(p.job.key, None)
-            return []
+            lines = workload_status_lines(p)
+            return (
+                self._scan(Source.K8S_EVENT, lines, [], event, 1, f"{p.job.kind}/{p.job.namespace}/{p.job.name}")
+                if lines
+                else []
+            )
         if isinstance(p, MetricBatch):
             mjob = p.job.key if p.job else None
             for s in p.samples:
@@ -274,8 +323,57 @@ class Brain:
             found = self.metric_rules.observe(node=p.node, chip=p.chip, job_key=mjob, samples=p.samples, t=event.time)
             return [f.model_copy(update={"job": p.job.name if p.job else None}) for f in found]
         if isinstance(p, NodeStatus):
-            return []
+            # Only the copies published per job: a node with no job on it is no training interruption.
+            lines = node_status_lines(p) if p.job is not None else []
+            return self._scan(Source.K8S_EVENT, lines, [], event, 1, f"node/{p.node}") if lines else []
         return []
+
+    def _new_pod_lines(self, p: PodStatus, t: float) -> list[str]:
+        """The pod's lines, without the terminations already taken (a later change of the pod, its
+        deletion, render them again) and those that ended too long ago."""
+        lines = []
+        for ident, line in pod_status_entries(p, now=t, max_age_s=self.settings.termination_max_age_s):
+            if ident in self._terminations:
+                continue
+            self._terminations[ident] = None
+            if len(self._terminations) > self.settings.dedup_size:
+                self._terminations.popitem(last=False)
+            lines.append(line)
+        return lines
+
+    def _job_slot(self, table: OrderedDict[str, dict[str, T]], job_key: str) -> dict[str, T]:
+        slot = table.get(job_key)
+        if slot is None:
+            slot = table[job_key] = {}
+            while len(table) > self.settings.error_jobs:
+                table.popitem(last=False)
+        else:
+            table.move_to_end(job_key)
+        return slot
+
+    def _keep_error_lines(self, job_key: str, rank: str, lines: Sequence[str]) -> None:
+        errors = [line[:_ERROR_LINE_MAX] for line in lines if _ERROR_LINE.search(line)]
+        if not errors:
+            return
+        ranks = self._job_slot(self.error_lines, job_key)
+        tail = ranks.get(rank)
+        if tail is None:
+            if len(ranks) >= self.settings.error_ranks_per_job:
+                return
+            tail = ranks[rank] = deque(maxlen=self.settings.error_lines_per_rank)
+        tail.extend(errors)
+
+    def _keep_exit_codes(self, p: PodStatus) -> None:
+        if p.job is None:
+            return
+        codes: dict[str, int] | None = None
+        for c in p.containers:
+            code = c.get("exit_code") if c.get("state") == "terminated" else c.get("last_exit_code")
+            if isinstance(code, int) and not isinstance(code, bool):
+                if codes is None:
+                    codes = self._job_slot(self.exit_codes, p.job.key)
+                if len(codes) < self.settings.error_ranks_per_job * 4:
+                    codes[f"{p.pod}/{c.get('name')}"] = code
 
     def _keep_kernel(self, p: KernelBatch, event_id: str, t: float) -> None:
         # A batch fanned out to several jobs on the node arrives once per job (same id): keep it once.
@@ -362,6 +460,7 @@ class Brain:
                 first_event_time=event.time,
                 diagnosis_id=_diagnosis_id(key, event.id),
             )
+        w.last_added = now
         if record is not None:
             w.held.setdefault(record.tp, []).append(record.offset)
         if event.id not in w.evidence:
@@ -387,10 +486,16 @@ class Brain:
         diagnosis = correlate(findings)
         rc = diagnosis.root_cause
         signature = (rc.fault_class, rc.code, rc.node, rc.device, rc.rank) if rc else None
+        w.unknown = rc is not None and rc.fault_class is FaultClass.UNKNOWN
         if not final and signature == w.signature:
             return
         w.signature = signature
         w.revision += 1
+        error_lines: dict[str, list[str]] = {}
+        exit_codes: dict[str, int] = {}
+        if w.unknown and w.job is not None:
+            error_lines = {r: list(t) for r, t in self.error_lines.get(w.job.key, {}).items()}
+            exit_codes = dict(self.exit_codes.get(w.job.key, {}))
         payload = DiagnosisEvent(
             diagnosis_id=w.diagnosis_id,
             revision=w.revision,
@@ -401,6 +506,8 @@ class Brain:
             window_end=self.clock(),
             evidence=list(w.evidence[:200]),
             diagnosis=diagnosis,
+            error_lines=error_lines,
+            exit_codes=exit_codes,
         )
         await self.bus.publish(Topic.DIAGNOSES, make_event(payload, producer=self.producer, key=w.key))
         self.diagnoses_published += 1
@@ -427,12 +534,22 @@ class Brain:
                 FindingEvent(job=_job_from_key(key), finding=f), producer=self.producer, key=key, at=now
             )
             await self._add(hang_event, [f], None)
-        for key in [k for k, w in self.windows.items() if now - w.opened >= self.settings.window_s]:
+        for key in [k for k, w in self.windows.items() if self._due(w, now)]:
             w = self.windows.pop(key)
             await self._publish(w, final=True)
             await self.bus.flush()
             for tp, offsets in w.held.items():
                 self.tracker.done_offsets(tp, offsets)
+
+    def _due(self, w: _Window, now: float) -> bool:
+        """Open for `window_s`; an `unknown` one until `settle_s` passed without a finding (at most
+        `window_s` more): the log line that explains the failure may still be on its way."""
+        window = self.settings.window_s
+        if now - w.opened < window:
+            return False
+        if not w.unknown or now - w.opened >= 2 * window:
+            return True
+        return now - w.last_added >= min(self.settings.settle_s, window)
 
     async def close_all(self) -> None:
         """Publish every open window as final (graceful shutdown)."""
