@@ -54,7 +54,13 @@ from typing import TypeVar
 from agent.bus.base import Bus, OffsetTracker, Record, TopicPartition
 from agent.bus.dlq import decode_record, set_aside
 from agent.telemetry import Telemetry
-from agent.watchers.k8s import k8s_event_line, node_status_lines, pod_status_entries, workload_status_lines
+from agent.watchers.k8s import (
+    k8s_event_line,
+    node_status_lines,
+    node_unhealthy,
+    pod_status_entries,
+    workload_status_lines,
+)
 from detectors.correlator import correlate
 from detectors.engine import Engine
 from detectors.hang import HangDetector
@@ -203,6 +209,8 @@ class Brain:
         self.exit_codes: OrderedDict[str, dict[str, int]] = OrderedDict()
         # Container terminations already turned into lines (pod uid, container, end time).
         self._terminations: OrderedDict[str, None] = OrderedDict()
+        # (job key, node, node_status line) already taken.
+        self._node_lines_seen: OrderedDict[tuple[str, str, str], None] = OrderedDict()
 
     # -- the consume loop -----------------------------------------------------------------------------
 
@@ -323,10 +331,28 @@ class Brain:
             found = self.metric_rules.observe(node=p.node, chip=p.chip, job_key=mjob, samples=p.samples, t=event.time)
             return [f.model_copy(update={"job": p.job.name if p.job else None}) for f in found]
         if isinstance(p, NodeStatus):
-            # Only the copies published per job: a node with no job on it is no training interruption.
-            lines = node_status_lines(p) if p.job is not None else []
-            return self._scan(Source.K8S_EVENT, lines, [], event, 1, f"node/{p.node}") if lines else []
+            return self._node_lines(p, event)
         return []
+
+    def _node_lines(self, p: NodeStatus, event: Event) -> list[Finding]:
+        """Only the copies published per job: a node with no job on it is no training interruption.
+        A job is told once about one state of its node (a later change trainmedic's own quarantine
+        makes renders the same line); a healthy status of the node (node-keyed) forgets it."""
+        if p.job is None:
+            if not node_unhealthy(p):
+                for k in [k for k in self._node_lines_seen if k[1] == p.node]:
+                    del self._node_lines_seen[k]
+            return []
+        lines = []
+        for line in node_status_lines(p):
+            k = (p.job.key, p.node, line)
+            if k in self._node_lines_seen:
+                continue
+            self._node_lines_seen[k] = None
+            if len(self._node_lines_seen) > 10_000:
+                self._node_lines_seen.popitem(last=False)
+            lines.append(line)
+        return self._scan(Source.K8S_EVENT, lines, [], event, 1, f"node/{p.node}") if lines else []
 
     def _new_pod_lines(self, p: PodStatus, t: float) -> list[str]:
         """The pod's lines, without the terminations already taken (a later change of the pod, its

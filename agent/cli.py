@@ -7,7 +7,7 @@
     trainmedic approve ID [--reject] [--by NAME] [--comment TEXT] [--store FILE]
     trainmedic report ID [--format md|html] [--lang en|zh] [--store FILE | --config FILE] [--out FILE]
     trainmedic release-node NODE [--incident ID] [--kubeconfig FILE]
-    trainmedic demo [--fault xid|oom|hccl|hang|all] [--json] [--lang en|zh] [--workdir DIR]
+    trainmedic demo [--fault xid|oom|hccl|hang|node-lost|app-error|all] [--json] [--lang en|zh] [--workdir DIR]
     trainmedic config reference | show [--config FILE]
     trainmedic version
 

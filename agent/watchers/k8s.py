@@ -518,15 +518,16 @@ def node_unhealthy(n: NodeStatus) -> bool:
 
 def node_status_lines(n: NodeStatus) -> list[str]:
     """The canonical line of a node that is unhealthy or gone (none for a healthy one):
-    `node_status: node=<name> ready=<True|False|Unknown|-> reason=<Ready's reason or -> unschedulable=<true|false>
-    deleted=<true|false> taints=<key:Effect,...|->` (only the node lifecycle taints, in the node's order)."""
+    `node_status: node=<name> ready=<True|False|Unknown|-> reason=<Ready's reason or -> deleted=<true|false>
+    taints=<key:Effect,...|->` (only the node lifecycle taints, in the node's order: what trainmedic's
+    own quarantine changes, a cordon and its taint, does not change the line)."""
     if not node_unhealthy(n):
         return []
     taints = [t for t in n.taints if t.split("=", 1)[0].split(":", 1)[0] in NODE_LIFECYCLE_TAINTS]
     return [
         f"node_status: node={_token(n.node)} ready={_token(n.conditions.get('Ready'))} "
-        f"reason={_token(n.reasons.get('Ready'))} unschedulable={'true' if n.unschedulable else 'false'} "
-        f"deleted={'true' if n.deleted else 'false'} taints={_token(','.join(taints))}"
+        f"reason={_token(n.reasons.get('Ready'))} deleted={'true' if n.deleted else 'false'} "
+        f"taints={_token(','.join(taints))}"
     ]
 
 
