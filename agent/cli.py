@@ -155,7 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--fault",
         default="all",
-        metavar="xid|oom|hccl|hang|all",
+        metavar="xid|oom|hccl|hang|node-lost|app-error|all",
         help="the fault to inject (a comma list works too); all: each in turn (default)",
     )
     demo.add_argument("--json", action="store_true", help="one JSON object per fault on stdout, nothing else")
