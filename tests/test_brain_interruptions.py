@@ -230,3 +230,21 @@ async def test_a_termination_rendered_again_is_taken_once(harness: Harness) -> N
     # The pod deleted later (the job restarted): the same termination, no second diagnosis.
     await harness.publish(failed_pod(1, deleted=True))
     assert await harness.finals(3 * WINDOW_S) == []
+
+
+def test_the_scene_keeps_the_evidence_of_an_unknown_diagnosis() -> None:
+    from remediations.scene import _findings_doc
+    from trainmedic.models import Diagnosis
+
+    d = DiagnosisEvent(
+        diagnosis_id="d1",
+        job=JOB,
+        window_start=0.0,
+        window_end=1.0,
+        diagnosis=Diagnosis(root_cause=None, findings=[]),
+        error_lines={"rank 1": ERROR_LINES},
+        exit_codes={"llama-70b-worker-1/trainer": 3},
+    )
+    doc = _findings_doc(d, [], {})
+    assert doc["error_lines"] == {"rank 1": ERROR_LINES}
+    assert doc["exit_codes"] == {"llama-70b-worker-1/trainer": 3}

@@ -13,6 +13,14 @@ its labels and its JobIndex entry, against 5-30 KB for the JSON object and sever
 Python dicts; tests/watchers/test_k8s_digest.py measures it). Lists and
 watch events are parsed as plain JSON, never turned into the client's model classes.
 
+What the rules see: the brain renders pod statuses, core/v1 events, unhealthy nodes and failed
+workloads as canonical text lines (stable formats, matched by rules/*.yaml of source pod_status /
+k8s_event): `pod_status: container=...` and `pod_status: pod=...` (`pod_status_lines`),
+`k8s_event: ...` (`k8s_event_line`), `node_status: node=...` (`node_status_lines`, only for a node
+whose Ready is not True, with a node lifecycle taint, or deleted) and `job_status: ...`
+(`workload_status_lines`, only for a Failed workload). A node that is unhealthy or deleted is
+published once more per job with pods on it (`NodeHandler`), so the node's loss reaches each job.
+
 Errors carry their retry semantics (kopf-style):
 
     WatchError (TrainmedicError)
