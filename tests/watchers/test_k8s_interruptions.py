@@ -3,10 +3,13 @@ deleted node, a failed workload) and what the shipped rules make of each line.""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
+from servers.kube import Cluster, EventRecorder
 
+from agent.jobindex import JobIndex
 from agent.watchers.k8s import (
     JOBS,
     PYTORCH_JOBS,
@@ -21,6 +24,9 @@ from agent.watchers.k8s import (
     workload_status_lines,
 )
 from detectors.engine import Engine
+from trainmedic.events import JobRef, K8sEvent, NodeStatus
+
+from .conftest import StartWatchers
 
 NOW = "2026-11-25T08:00:00Z"
 NOW_S = 1_795_593_600.0  # NOW in seconds
@@ -295,3 +301,55 @@ def test_failed_workloads(spec: ResourceSpec, obj: dict[str, Any], line: str, sh
     assert _found(shipped_engine, line) == {("unknown", "job_failed")}
     assert workload_status_lines(status.model_copy(update={"deleted": True})) == []
     assert workload_status_lines(status.model_copy(update={"phase": "Running"})) == []
+
+
+# -- through the watchers against the emulator: a lost node reaches the jobs on it -------------------------
+
+
+async def _job_on(cluster: Cluster, start_watchers: StartWatchers, node: str) -> dict[str, Any]:
+    await cluster.add_node(node, gpus=8)
+    await cluster.add_node("gpu-9", gpus=8)
+    job = await cluster.create_job("train", "llama", completions=1)
+    (pod,) = await cluster.create_job_pods(job)
+    await start_watchers(resources=["pods", "events", "nodes"])
+    await cluster.bind(pod, node)
+    await cluster.start(pod)
+    return pod
+
+
+@pytest.mark.asyncio
+async def test_a_lost_node_is_published_once_more_per_job_on_it(
+    cluster: Cluster, start_watchers: StartWatchers, recorder: EventRecorder, job_index: JobIndex
+) -> None:
+    await _job_on(cluster, start_watchers, "gpu-1")
+    while not job_index.jobs_on_node("gpu-1"):
+        await asyncio.sleep(0.01)
+    mark = recorder.mark()
+    await cluster.lose_node("gpu-1")
+    await recorder.wait_for(lambda p: isinstance(p, NodeStatus) and p.job is not None, since=mark)
+    await recorder.wait_for(lambda p: isinstance(p, K8sEvent) and p.reason == "NodeNotReady", since=mark)
+    events = [e for _, e in recorder.events[mark:] if isinstance(e.payload, NodeStatus)]
+    lost = [e for e in events if e.payload.conditions.get("Ready") == "Unknown"]
+    by_key = {e.key: e for e in lost}
+    assert "node:gpu-1" in by_key and "job:train/llama" in by_key
+    assert by_key["job:train/llama"].id == by_key["node:gpu-1"].id, "copies of one event"
+    assert by_key["job:train/llama"].payload.job == JobRef(namespace="train", name="llama")
+    assert by_key["node:gpu-1"].payload.reasons["Ready"] == "NodeStatusUnknown"
+    not_ready = next(p for p in recorder.payloads(K8sEvent, since=mark) if p.reason == "NodeNotReady")
+    assert (not_ready.job, not_ready.node) == (JobRef(namespace="train", name="llama"), "gpu-1")
+
+
+@pytest.mark.asyncio
+async def test_a_deleted_node_reaches_its_jobs_a_healthy_change_does_not(
+    cluster: Cluster, start_watchers: StartWatchers, recorder: EventRecorder, job_index: JobIndex
+) -> None:
+    await _job_on(cluster, start_watchers, "gpu-1")
+    while not job_index.jobs_on_node("gpu-1"):
+        await asyncio.sleep(0.01)
+    mark = recorder.mark()
+    await cluster.cordon("gpu-1")
+    await recorder.wait_for(lambda p: isinstance(p, NodeStatus) and p.unschedulable, since=mark)
+    assert [p for p in recorder.payloads(NodeStatus, since=mark) if p.job is not None] == []
+    await cluster.delete("v1/nodes", None, "gpu-1")
+    gone = await recorder.wait_for(lambda p: isinstance(p, NodeStatus) and p.deleted and p.job is not None)
+    assert node_status_lines(gone) == ["node_status: node=gpu-1 ready=True reason=KubeletReady deleted=true taints=-"]
