@@ -211,6 +211,8 @@ class Brain:
         self._terminations: OrderedDict[str, None] = OrderedDict()
         # (job key, node, node_status line) already taken.
         self._node_lines_seen: OrderedDict[tuple[str, str, str], None] = OrderedDict()
+        # (job key, node) of node failures a closed diagnosis of the job already reported.
+        self._lost_nodes: OrderedDict[tuple[str, str | None], None] = OrderedDict()
 
     # -- the consume loop -----------------------------------------------------------------------------
 
@@ -291,7 +293,23 @@ class Brain:
     # -- detection ------------------------------------------------------------------------------------
 
     def detect(self, event: Event) -> list[Finding]:
-        """Findings for one input event (and state updates of the stateful detectors)."""
+        """Findings for one input event (and state updates of the stateful detectors).
+
+        A job is told once about the loss of one node: once a diagnosis of the job has closed with
+        a node_failure on a node, later node_failure findings of that job on that node (the pods'
+        NodeLost, the taint manager's evictions minutes later, about the pods of the job's earlier
+        incarnation) are dropped until the node is seen healthy again."""
+        found = self._detect(event)
+        job = getattr(event.payload, "job", None)
+        if found and isinstance(job, JobRef) and self._lost_nodes:
+            found = [
+                f
+                for f in found
+                if not (f.fault_class is FaultClass.NODE_FAILURE and (job.key, f.node) in self._lost_nodes)
+            ]
+        return found
+
+    def _detect(self, event: Event) -> list[Finding]:
         p = event.payload
         if isinstance(p, LogBatch):
             self.telemetry.lines_in.labels("container_log").inc(len(p.lines))
@@ -342,6 +360,8 @@ class Brain:
             if not node_unhealthy(p):
                 for k in [k for k in self._node_lines_seen if k[1] == p.node]:
                     del self._node_lines_seen[k]
+                for lost in [k for k in self._lost_nodes if k[1] == p.node]:
+                    del self._lost_nodes[lost]
             return []
         lines = []
         for line in node_status_lines(p):
@@ -563,9 +583,19 @@ class Brain:
         for key in [k for k, w in self.windows.items() if self._due(w, now)]:
             w = self.windows.pop(key)
             await self._publish(w, final=True)
+            self._closed(w)
             await self.bus.flush()
             for tp, offsets in w.held.items():
                 self.tracker.done_offsets(tp, offsets)
+
+    def _closed(self, w: _Window) -> None:
+        if w.job is None:
+            return
+        for f in w.findings.values():
+            if f.fault_class is FaultClass.NODE_FAILURE and f.node:
+                self._lost_nodes[(w.job.key, f.node)] = None
+                if len(self._lost_nodes) > 10_000:
+                    self._lost_nodes.popitem(last=False)
 
     def _due(self, w: _Window, now: float) -> bool:
         """Open for `window_s`; an `unknown` one until `settle_s` passed without a finding (at most
@@ -582,6 +612,7 @@ class Brain:
         for key in list(self.windows):
             w = self.windows.pop(key)
             await self._publish(w, final=True)
+            self._closed(w)
             for tp, offsets in w.held.items():
                 self.tracker.done_offsets(tp, offsets)
         await self.bus.flush()

@@ -18,6 +18,7 @@ from trainmedic.events import (
     DiagnosisEvent,
     Event,
     JobRef,
+    K8sEvent,
     LogBatch,
     NodeStatus,
     Payload,
@@ -248,3 +249,34 @@ def test_the_scene_keeps_the_evidence_of_an_unknown_diagnosis() -> None:
     doc = _findings_doc(d, [], {})
     assert doc["error_lines"] == {"rank 1": ERROR_LINES}
     assert doc["exit_codes"] == {"llama-70b-worker-1/trainer": 3}
+
+
+def evicted(node: str = "gpu-node-b") -> K8sEvent:
+    return K8sEvent(
+        namespace=JOB.namespace,
+        type="Normal",
+        reason="TaintManagerEviction",
+        message="Marking for deletion Pod train/llama-70b-worker-1",
+        object_kind="Pod",
+        object_name="llama-70b-worker-1",
+        node=node,
+        job=JOB,
+    )
+
+
+@pytest.mark.looptime
+@pytest.mark.asyncio
+async def test_a_job_is_told_once_about_the_loss_of_a_node_until_it_is_healthy(harness: Harness) -> None:
+    await harness.start()
+    await harness.publish(lost_node())
+    await harness.final()
+    # Minutes later the taint manager evicts the old pods: the same loss, no second incident.
+    await asyncio.sleep(300)
+    await harness.publish(evicted())
+    assert await harness.finals(3 * WINDOW_S) == []
+    # The node is back (its node-keyed status), then lost again: a new diagnosis.
+    await harness.publish(NodeStatus(node="gpu-node-b", conditions={"Ready": "True"}))
+    await asyncio.sleep(1)
+    await harness.publish(lost_node())
+    d = await harness.final()
+    assert d.diagnosis.root_cause is not None and d.diagnosis.root_cause.fault_class.value == "node_failure"
