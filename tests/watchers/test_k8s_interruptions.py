@@ -328,13 +328,15 @@ async def test_a_lost_node_is_published_once_more_per_job_on_it(
     await cluster.lose_node("gpu-1")
     await recorder.wait_for(lambda p: isinstance(p, NodeStatus) and p.job is not None, since=mark)
     await recorder.wait_for(lambda p: isinstance(p, K8sEvent) and p.reason == "NodeNotReady", since=mark)
-    events = [e for _, e in recorder.events[mark:] if isinstance(e.payload, NodeStatus)]
-    lost = [e for e in events if e.payload.conditions.get("Ready") == "Unknown"]
-    by_key = {e.key: e for e in lost}
-    assert "node:gpu-1" in by_key and "job:train/llama" in by_key
-    assert by_key["job:train/llama"].id == by_key["node:gpu-1"].id, "copies of one event"
-    assert by_key["job:train/llama"].payload.job == JobRef(namespace="train", name="llama")
-    assert by_key["node:gpu-1"].payload.reasons["Ready"] == "NodeStatusUnknown"
+    lost = {
+        e.key: (e.id, e.payload)
+        for _, e in recorder.events[mark:]
+        if isinstance(e.payload, NodeStatus) and e.payload.conditions.get("Ready") == "Unknown"
+    }
+    assert "node:gpu-1" in lost and "job:train/llama" in lost
+    assert lost["job:train/llama"][0] == lost["node:gpu-1"][0], "copies of one event"
+    assert lost["job:train/llama"][1].job == JobRef(namespace="train", name="llama")
+    assert lost["node:gpu-1"][1].reasons["Ready"] == "NodeStatusUnknown"
     not_ready = next(p for p in recorder.payloads(K8sEvent, since=mark) if p.reason == "NodeNotReady")
     assert (not_ready.job, not_ready.node) == (JobRef(namespace="train", name="llama"), "gpu-1")
 
