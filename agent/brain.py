@@ -6,11 +6,22 @@ owns every job hashed to it: it alone correlates that job, and (issue 4) alone a
 
 Per event:
 * log and kernel batches go through the rule engine (the same engine as `trainmedic diagnose`,
-  compiled once per source: container logs, kernel, Kubernetes lines); pod statuses and core/v1
-  events are rendered as the canonical `pod_status:` / `k8s_event:` lines the rules match;
+  compiled once per source: container logs, kernel, Kubernetes lines); pod statuses, core/v1
+  events, unhealthy nodes (the copies published per job) and failed workloads are rendered as the
+  canonical `pod_status:` / `k8s_event:` / `node_status:` / `job_status:` lines the rules match
+  (agent/watchers/k8s.py); a container's termination is taken once, however often its pod's later
+  changes render it again, and not at all when it ended more than `termination_max_age_s` ago;
 * the hang detector sees every log batch (step progress, checkpoint and evaluation markers), the
   job's running state and the accelerator utilisation; it is checked on a timer;
 * metric batches go through the metric rules (Xid / ECC counters rising, health 0, link down).
+
+Every interruption becomes a diagnosis: a pod that failed with nothing but an exit code, a node
+gone NotReady under a job, a workload marked Failed give findings of their own (`unknown`,
+`node_failure`, `process_killed`), which the correlator ranks below any cause a log, kernel or
+device line gives. A window whose root cause is still `unknown` when it is due stays open until no
+finding has come for `settle_s`, so the log evidence of the same failure, shipped a little later
+than the pod's status, settles it instead. An `unknown` diagnosis carries the last error-looking
+lines of every rank of the job and the containers' exit codes.
 
 Findings are grouped per key (job, or node for node-only signals) in a window. A diagnosis is
 published on `trainmedic.diagnoses` as soon as the window has its first finding (revision 1: the
@@ -32,16 +43,24 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import re
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from agent.bus.base import Bus, OffsetTracker, Record, TopicPartition
 from agent.bus.dlq import decode_record, set_aside
 from agent.telemetry import Telemetry
-from agent.watchers.k8s import k8s_event_line, pod_status_lines
+from agent.watchers.k8s import (
+    k8s_event_line,
+    node_status_lines,
+    node_unhealthy,
+    pod_status_entries,
+    workload_status_lines,
+)
 from detectors.correlator import correlate
 from detectors.engine import Engine
 from detectors.hang import HangDetector
@@ -64,9 +83,11 @@ from trainmedic.events import (
     make_event,
     node_key,
 )
-from trainmedic.models import Finding, Source
+from trainmedic.models import FaultClass, Finding, Source
 
 log = logging.getLogger("trainmedic.brain")
+
+T = TypeVar("T")
 
 # A job's running state for the hang detector, from its pods' phases.
 _RUNNING_PHASES = frozenset({"Running"})
@@ -96,6 +117,17 @@ class BrainSettings:
     # Recent kernel lines kept per node for the scene bundle (lines per node, nodes).
     kernel_tail_lines: int = 5_000
     kernel_tail_nodes: int = 2_000
+    # A window whose root cause is still `unknown` when it is due stays open until no finding has
+    # come for this long (at most `window_s` more), waiting for the log line that explains it.
+    # Capped at `window_s`.
+    settle_s: float = 5.0
+    # A container termination that ended longer ago than this (a pod listed again at start-up) is
+    # not a finding.
+    termination_max_age_s: float = 600.0
+    # Error-looking lines kept per rank for `unknown` diagnoses (lines per rank, ranks per job, jobs).
+    error_lines_per_rank: int = 20
+    error_ranks_per_job: int = 64
+    error_jobs: int = 1_000
 
 
 @dataclass
@@ -112,6 +144,16 @@ class _Window:
     revision: int = 0
     signature: tuple[object, ...] | None = None
     latency_recorded: bool = False
+    last_added: float = 0.0
+    unknown: bool = False
+
+
+# What an error-looking line of a rank's log is, for the evidence of an `unknown` diagnosis.
+_ERROR_LINE = re.compile(
+    r"Traceback|Error\b|ERROR|Exception\b|FATAL|Fatal|\bexit(?:ed|code| code| status)|Killed|"
+    r"Segmentation fault|Aborted|\bE\d{4} \d\d:"
+)
+_ERROR_LINE_MAX = 500
 
 
 def _fold_key(f: Finding) -> tuple[object, ...]:
@@ -162,6 +204,15 @@ class Brain:
         # node -> (time, line) of its recent kernel messages: the scene's "kernel lines around the fault".
         self.kernel_tail: OrderedDict[str, deque[tuple[float, str]]] = OrderedDict()
         self._kernel_ids: OrderedDict[str, None] = OrderedDict()
+        # job key -> rank label -> its last error-looking lines; job key -> "<pod>/<container>" -> exit code.
+        self.error_lines: OrderedDict[str, dict[str, deque[str]]] = OrderedDict()
+        self.exit_codes: OrderedDict[str, dict[str, int]] = OrderedDict()
+        # Container terminations already turned into lines (pod uid, container, end time).
+        self._terminations: OrderedDict[str, None] = OrderedDict()
+        # (job key, node, node_status line) already taken.
+        self._node_lines_seen: OrderedDict[tuple[str, str, str], None] = OrderedDict()
+        # (job key, node) of node failures a closed diagnosis of the job already reported.
+        self._lost_nodes: OrderedDict[tuple[str, str | None], None] = OrderedDict()
 
     # -- the consume loop -----------------------------------------------------------------------------
 
@@ -242,7 +293,23 @@ class Brain:
     # -- detection ------------------------------------------------------------------------------------
 
     def detect(self, event: Event) -> list[Finding]:
-        """Findings for one input event (and state updates of the stateful detectors)."""
+        """Findings for one input event (and state updates of the stateful detectors).
+
+        A job is told once about the loss of one node: once a diagnosis of the job has closed with
+        a node_failure on a node, later node_failure findings of that job on that node (the pods'
+        NodeLost, the taint manager's evictions minutes later, about the pods of the job's earlier
+        incarnation) are dropped until the node is seen healthy again."""
+        found = self._detect(event)
+        job = getattr(event.payload, "job", None)
+        if found and isinstance(job, JobRef) and self._lost_nodes:
+            found = [
+                f
+                for f in found
+                if not (f.fault_class is FaultClass.NODE_FAILURE and (job.key, f.node) in self._lost_nodes)
+            ]
+        return found
+
+    def _detect(self, event: Event) -> list[Finding]:
         p = event.payload
         if isinstance(p, LogBatch):
             self.telemetry.lines_in.labels("container_log").inc(len(p.lines))
@@ -250,6 +317,8 @@ class Brain:
             self.hang.observe_lines(
                 job_key, p.rank, p.pod, p.node, p.times[-1] if p.times else event.time, p.lines, times=p.times or None
             )
+            if p.job is not None:
+                self._keep_error_lines(p.job.key, f"rank {p.rank}" if p.rank is not None else p.pod, p.lines)
             return self._scan(Source.CONTAINER_LOG, p.lines, p.times, event, p.first_line, p.file)
         if isinstance(p, KernelBatch):
             self.telemetry.lines_in.labels("kernel").inc(len(p.lines))
@@ -257,7 +326,8 @@ class Brain:
             return self._scan(Source.KERNEL, p.lines, p.times, event, p.first_line, f"kernel:{p.node}:{p.source}")
         if isinstance(p, PodStatus):
             self._pod_running(p, event.time)
-            lines = pod_status_lines(p)
+            self._keep_exit_codes(p)
+            lines = self._new_pod_lines(p, event.time)
             return self._scan(Source.POD_STATUS, lines, [], event, 1, f"pod/{p.namespace}/{p.pod}") if lines else []
         if isinstance(p, K8sEvent):
             return self._scan(Source.K8S_EVENT, [k8s_event_line(p)], [], event, 1, "events")
@@ -265,7 +335,12 @@ class Brain:
             if p.deleted or (p.phase in _TERMINAL_WORKLOAD):
                 self.hang.observe_job(p.job.key, False, event.time)
                 self._job_pods_running.pop(p.job.key, None)
-            return []
+            lines = workload_status_lines(p)
+            return (
+                self._scan(Source.K8S_EVENT, lines, [], event, 1, f"{p.job.kind}/{p.job.namespace}/{p.job.name}")
+                if lines
+                else []
+            )
         if isinstance(p, MetricBatch):
             mjob = p.job.key if p.job else None
             for s in p.samples:
@@ -274,8 +349,77 @@ class Brain:
             found = self.metric_rules.observe(node=p.node, chip=p.chip, job_key=mjob, samples=p.samples, t=event.time)
             return [f.model_copy(update={"job": p.job.name if p.job else None}) for f in found]
         if isinstance(p, NodeStatus):
-            return []
+            return self._node_lines(p, event)
         return []
+
+    def _node_lines(self, p: NodeStatus, event: Event) -> list[Finding]:
+        """Only the copies published per job: a node with no job on it is no training interruption.
+        A job is told once about one state of its node (a later change trainmedic's own quarantine
+        makes renders the same line); a healthy status of the node (node-keyed) forgets it."""
+        if p.job is None:
+            if not node_unhealthy(p):
+                for k in [k for k in self._node_lines_seen if k[1] == p.node]:
+                    del self._node_lines_seen[k]
+                for lost in [k for k in self._lost_nodes if k[1] == p.node]:
+                    del self._lost_nodes[lost]
+            return []
+        lines = []
+        for line in node_status_lines(p):
+            k = (p.job.key, p.node, line)
+            if k in self._node_lines_seen:
+                continue
+            self._node_lines_seen[k] = None
+            if len(self._node_lines_seen) > 10_000:
+                self._node_lines_seen.popitem(last=False)
+            lines.append(line)
+        return self._scan(Source.K8S_EVENT, lines, [], event, 1, f"node/{p.node}") if lines else []
+
+    def _new_pod_lines(self, p: PodStatus, t: float) -> list[str]:
+        """The pod's lines, without the terminations already taken (a later change of the pod, its
+        deletion, render them again) and those that ended too long ago."""
+        lines = []
+        for ident, line in pod_status_entries(p, now=t, max_age_s=self.settings.termination_max_age_s):
+            if ident in self._terminations:
+                continue
+            self._terminations[ident] = None
+            if len(self._terminations) > self.settings.dedup_size:
+                self._terminations.popitem(last=False)
+            lines.append(line)
+        return lines
+
+    def _job_slot(self, table: OrderedDict[str, dict[str, T]], job_key: str) -> dict[str, T]:
+        slot = table.get(job_key)
+        if slot is None:
+            slot = table[job_key] = {}
+            while len(table) > self.settings.error_jobs:
+                table.popitem(last=False)
+        else:
+            table.move_to_end(job_key)
+        return slot
+
+    def _keep_error_lines(self, job_key: str, rank: str, lines: Sequence[str]) -> None:
+        errors = [line[:_ERROR_LINE_MAX] for line in lines if _ERROR_LINE.search(line)]
+        if not errors:
+            return
+        ranks = self._job_slot(self.error_lines, job_key)
+        tail = ranks.get(rank)
+        if tail is None:
+            if len(ranks) >= self.settings.error_ranks_per_job:
+                return
+            tail = ranks[rank] = deque(maxlen=self.settings.error_lines_per_rank)
+        tail.extend(errors)
+
+    def _keep_exit_codes(self, p: PodStatus) -> None:
+        if p.job is None:
+            return
+        codes: dict[str, int] | None = None
+        for c in p.containers:
+            code = c.get("exit_code") if c.get("state") == "terminated" else c.get("last_exit_code")
+            if isinstance(code, int) and not isinstance(code, bool):
+                if codes is None:
+                    codes = self._job_slot(self.exit_codes, p.job.key)
+                if len(codes) < self.settings.error_ranks_per_job * 4:
+                    codes[f"{p.pod}/{c.get('name')}"] = code
 
     def _keep_kernel(self, p: KernelBatch, event_id: str, t: float) -> None:
         # A batch fanned out to several jobs on the node arrives once per job (same id): keep it once.
@@ -362,6 +506,7 @@ class Brain:
                 first_event_time=event.time,
                 diagnosis_id=_diagnosis_id(key, event.id),
             )
+        w.last_added = now
         if record is not None:
             w.held.setdefault(record.tp, []).append(record.offset)
         if event.id not in w.evidence:
@@ -387,10 +532,16 @@ class Brain:
         diagnosis = correlate(findings)
         rc = diagnosis.root_cause
         signature = (rc.fault_class, rc.code, rc.node, rc.device, rc.rank) if rc else None
+        w.unknown = rc is not None and rc.fault_class is FaultClass.UNKNOWN
         if not final and signature == w.signature:
             return
         w.signature = signature
         w.revision += 1
+        error_lines: dict[str, list[str]] = {}
+        exit_codes: dict[str, int] = {}
+        if w.unknown and w.job is not None:
+            error_lines = {r: list(t) for r, t in self.error_lines.get(w.job.key, {}).items()}
+            exit_codes = dict(self.exit_codes.get(w.job.key, {}))
         payload = DiagnosisEvent(
             diagnosis_id=w.diagnosis_id,
             revision=w.revision,
@@ -401,6 +552,8 @@ class Brain:
             window_end=self.clock(),
             evidence=list(w.evidence[:200]),
             diagnosis=diagnosis,
+            error_lines=error_lines,
+            exit_codes=exit_codes,
         )
         await self.bus.publish(Topic.DIAGNOSES, make_event(payload, producer=self.producer, key=w.key))
         self.diagnoses_published += 1
@@ -427,18 +580,39 @@ class Brain:
                 FindingEvent(job=_job_from_key(key), finding=f), producer=self.producer, key=key, at=now
             )
             await self._add(hang_event, [f], None)
-        for key in [k for k, w in self.windows.items() if now - w.opened >= self.settings.window_s]:
+        for key in [k for k, w in self.windows.items() if self._due(w, now)]:
             w = self.windows.pop(key)
             await self._publish(w, final=True)
+            self._closed(w)
             await self.bus.flush()
             for tp, offsets in w.held.items():
                 self.tracker.done_offsets(tp, offsets)
+
+    def _closed(self, w: _Window) -> None:
+        if w.job is None:
+            return
+        for f in w.findings.values():
+            if f.fault_class is FaultClass.NODE_FAILURE and f.node:
+                self._lost_nodes[(w.job.key, f.node)] = None
+                if len(self._lost_nodes) > 10_000:
+                    self._lost_nodes.popitem(last=False)
+
+    def _due(self, w: _Window, now: float) -> bool:
+        """Open for `window_s`; an `unknown` one until `settle_s` passed without a finding (at most
+        `window_s` more): the log line that explains the failure may still be on its way."""
+        window = self.settings.window_s
+        if now - w.opened < window:
+            return False
+        if not w.unknown or now - w.opened >= 2 * window:
+            return True
+        return now - w.last_added >= min(self.settings.settle_s, window)
 
     async def close_all(self) -> None:
         """Publish every open window as final (graceful shutdown)."""
         for key in list(self.windows):
             w = self.windows.pop(key)
             await self._publish(w, final=True)
+            self._closed(w)
             for tp, offsets in w.held.items():
                 self.tracker.done_offsets(tp, offsets)
         await self.bus.flush()

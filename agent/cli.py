@@ -7,7 +7,7 @@
     trainmedic approve ID [--reject] [--by NAME] [--comment TEXT] [--store FILE]
     trainmedic report ID [--format md|html] [--lang en|zh] [--store FILE | --config FILE] [--out FILE]
     trainmedic release-node NODE [--incident ID] [--kubeconfig FILE]
-    trainmedic demo [--fault xid|oom|hccl|hang|all] [--json] [--lang en|zh] [--workdir DIR]
+    trainmedic demo [--fault xid|oom|hccl|hang|node-lost|app-error|all] [--json] [--lang en|zh] [--workdir DIR]
     trainmedic config reference | show [--config FILE]
     trainmedic version
 
@@ -155,7 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--fault",
         default="all",
-        metavar="xid|oom|hccl|hang|all",
+        metavar="xid|oom|hccl|hang|node-lost|app-error|all",
         help="the fault to inject (a comma list works too); all: each in turn (default)",
     )
     demo.add_argument("--json", action="store_true", help="one JSON object per fault on stdout, nothing else")

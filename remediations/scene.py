@@ -1411,6 +1411,10 @@ def _findings_doc(d: DiagnosisEvent, findings: list[Finding], evidence: Mapping[
             }
         )
         doc["findings"].append(item)
+    if d.error_lines or d.exit_codes:
+        # An `unknown` diagnosis: what there is (each rank's last error lines, the exit codes).
+        doc["error_lines"] = {rank: [redact_text(x)[0] for x in lines] for rank, lines in d.error_lines.items()}
+        doc["exit_codes"] = dict(d.exit_codes)
     return doc
 
 

@@ -77,6 +77,28 @@ EXPECTED: dict[str, dict[str, Any]] = {
         "incidents": 1,
         "healed": True,
     },
+    "node-lost": {
+        "fault_class": "node_failure",
+        "code": "kubelet_stopped",
+        "node": "gpu-2",
+        "quarantined_nodes": ["gpu-2"],
+        "excluded_nodes": ["gpu-2"],
+        "rescheduled_job": "Job/train/llama3-8b-pt",
+        "resource": JOB,
+        "incidents": 1,
+        "healed": True,
+    },
+    "app-error": {
+        "fault_class": "app_error",
+        "code": "python_exception",
+        "node": "gpu-2",
+        "quarantined_nodes": [],
+        "excluded_nodes": [],
+        "rescheduled_job": None,
+        "resource": JOB,
+        "incidents": 1,
+        "healed": None,
+    },
 }
 
 
@@ -107,7 +129,7 @@ def _last_complete(scene: Path, mount: str, shared: Path) -> tuple[str | None, l
     return mount + best["path"][len(str(shared)) :], entries
 
 
-@pytest.mark.parametrize("fault", ["xid", "oom", "hccl", "hang"])
+@pytest.mark.parametrize("fault", ["xid", "oom", "hccl", "hang", "node-lost", "app-error"])
 @pytest.mark.asyncio
 async def test_demo_fault_end_to_end(fault: str, tmp_path: Path) -> None:
     require_kmock()
@@ -154,7 +176,10 @@ async def test_demo_fault_end_to_end(fault: str, tmp_path: Path) -> None:
         assert workload["metadata"]["uid"] == seen["first_uid"]
         assert doc["checkpoint"] is None and doc["recover_ms"] is None
         assert [a.split(":")[0] for a in doc["actions"]] == ["notify"]
-        assert doc["hints"], "an accelerator OOM comes with hints"
+        if fault == "oom":
+            assert doc["hints"], "an accelerator OOM comes with hints"
+        if fault == "app-error":
+            assert "KeyError" in manifest["root_cause"]["summary"], "the owner is told the exception"
         return
     # Restarted: from the last complete checkpoint, the bad node excluded, training again elsewhere.
     mount = "/mnt/ckpt"

@@ -142,6 +142,11 @@ class PodStatus(_Payload):
     job: JobRef | None = None
     rank: int | None = None
     phase: str | None = None
+    # The pod's own reason (status.reason: NodeLost, Evicted, Shutdown, ...; else the reason of a
+    # true DisruptionTarget condition: DeletionByTaintManager, PreemptionByScheduler, ...).
+    reason: str | None = None
+    # metadata.deletionTimestamp is set: the pod is Terminating.
+    terminating: bool = False
     deleted: bool = False
     # One entry per container: name, ready, restarts, state, reason, exit_code, signal, oom_killed.
     containers: list[dict[str, object]] = Field(default_factory=list)
@@ -169,9 +174,14 @@ class NodeStatus(_Payload):
 
     kind: Literal["node_status"] = "node_status"
     node: str
+    # Set on the copies published once per job with pods on an unhealthy or deleted node (keyed by
+    # the job, same event id), as kernel lines are: each job's owner sees the node it lost.
+    job: JobRef | None = None
     deleted: bool = False
     unschedulable: bool = False
     conditions: dict[str, str] = Field(default_factory=dict)
+    # The reason of each condition that has one (Ready: KubeletReady, KubeletNotReady, NodeStatusUnknown).
+    reasons: dict[str, str] = Field(default_factory=dict)
     taints: list[str] = Field(default_factory=list)
     # Extended resources: nvidia.com/gpu, huawei.com/Ascend910, cambricon.com/mlu -> count.
     accelerators: dict[str, int] = Field(default_factory=dict)
@@ -187,6 +197,8 @@ class WorkloadStatus(_Payload):
     deleted: bool = False
     # Running | Succeeded | Failed | Pending | ... as the controller reports it.
     phase: str | None = None
+    # Why it is in that phase, when the controller says (BackoffLimitExceeded, DeadlineExceeded, ...).
+    reason: str | None = None
     replicas: int | None = None
     annotations: dict[str, str] = Field(default_factory=dict)
 
@@ -211,6 +223,11 @@ class DiagnosisEvent(_Payload):
     # The ids of the input events whose lines are the evidence.
     evidence: list[str] = Field(default_factory=list)
     diagnosis: Diagnosis
+    # When nothing explains the failure (root cause `unknown`): the last error-looking lines of each
+    # rank ("rank <n>" or the pod's name -> lines, oldest first, bounded) and the containers' exit
+    # codes ("<pod>/<container>" -> code), so the owner gets what there is.
+    error_lines: dict[str, list[str]] = Field(default_factory=dict)
+    exit_codes: dict[str, int] = Field(default_factory=dict)
 
 
 class IncidentEvent(_Payload):

@@ -556,6 +556,46 @@ class Cluster:
         """What the kubelet does every few seconds: new heartbeat times, nothing else changed."""
         await self.patch(NODE, None, name, {"status": {"conditions": self._node_conditions(ready)}}, sub="status")
 
+    async def lose_node(self, name: str) -> None:
+        """The node lifecycle controller when a node stops heartbeating (past node-monitor-grace-period):
+        its conditions go Unknown ("Kubelet stopped posting node status."), the unreachable taints
+        (NoSchedule, NoExecute) go on, its pods are marked not ready with a NodeNotReady event each."""
+        now = rfc3339()
+        conditions = [
+            {
+                "type": t,
+                "status": "Unknown",
+                "lastHeartbeatTime": now,
+                "lastTransitionTime": now,
+                "reason": "NodeStatusUnknown",
+                "message": "Kubelet stopped posting node status.",
+            }
+            for t in ("Ready", "MemoryPressure", "DiskPressure", "PIDPressure")
+        ]
+        await self.patch(NODE, None, name, {"status": {"conditions": conditions}}, sub="status")
+        await self.taint(
+            name,
+            [
+                {"key": "node.kubernetes.io/unreachable", "effect": "NoSchedule", "timeAdded": now},
+                {"key": "node.kubernetes.io/unreachable", "effect": "NoExecute", "timeAdded": now},
+            ],
+        )
+        for p in [p for p in self.pods.values() if p.node == name]:
+            p.conditions = [
+                dict(c, status="False") if c["type"] in ("Ready", "ContainersReady") else c for c in p.conditions
+            ]
+            await self._push(p)
+            await self.event(
+                p.namespace,
+                kind="Pod",
+                name=p.name,
+                involved_uid=p.uid,
+                reason="NodeNotReady",
+                message="Node is not ready",
+                type="Warning",
+                component="node-controller",
+            )
+
     async def taint(self, name: str, taints: Sequence[Mapping[str, str]]) -> None:
         await self.patch(NODE, None, name, {"spec": {"taints": [dict(t) for t in taints]}})
 

@@ -205,7 +205,6 @@ def nccl_watchdog_lines(rank: int, t: float, seq: int) -> list[str]:
 def cuda_oom_lines(rank: int, host: str, t: float) -> list[str]:
     """A CUDA OOM in the backward pass of the Trainer's step, then torchrun's failure summary."""
     p = f"[rank{rank}]: "
-    stamp = time.strftime("%Y-%m-%d_%H:%M:%S", time.localtime(t))
     return [
         p + "Traceback (most recent call last):",
         p + '  File "/app/src/llamafactory/launcher.py", line 23, in <module>',
@@ -224,11 +223,19 @@ def cuda_oom_lines(rank: int, host: str, t: float) -> list[str]:
         "unallocated. If reserved but unallocated memory is large try setting "
         "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See documentation for Memory "
         "Management  (https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)",
+        *torchrun_failure_lines(rank, host, t),
+    ]
+
+
+def torchrun_failure_lines(rank: int, host: str, t: float, script: str = "src/train.py") -> list[str]:
+    """torchrun's failure summary for a worker that exited 1 (torch.distributed.elastic)."""
+    stamp = time.strftime("%Y-%m-%d_%H:%M:%S", time.localtime(t))
+    return [
         "E0601 10:00:00.000000 1 torch/distributed/elastic/multiprocessing/api.py:869] failed (exitcode: 1) "
         f"local_rank: 0 (pid: {57 + rank}) of binary: /usr/bin/python3",
         "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",
         "============================================================",
-        "src/train.py FAILED",
+        f"{script} FAILED",
         "------------------------------------------------------------",
         "Root Cause (first observed failure):",
         "[0]:",
@@ -239,6 +246,33 @@ def cuda_oom_lines(rank: int, host: str, t: float) -> list[str]:
         "  error_file: <N/A>",
         "  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html",
         "============================================================",
+    ]
+
+
+def key_error_lines(rank: int, host: str, t: float) -> list[str]:
+    """A KeyError raised by LLaMA-Factory's data collator (a sample without "labels"), as a rank of
+    torchrun prints it, then torchrun's failure summary."""
+    p = f"[rank{rank}]: "
+    return [
+        p + "Traceback (most recent call last):",
+        p + '  File "/app/src/llamafactory/launcher.py", line 23, in <module>',
+        p + "    launch()",
+        p + '  File "/app/src/llamafactory/train/tuner.py", line 92, in run_exp',
+        p + "    _training_function(config={'args': args, 'callbacks': callbacks})",
+        p + '  File "/app/src/llamafactory/train/sft/workflow.py", line 96, in run_sft',
+        p + "    train_result = trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)",
+        p + f'  File "{_SITE}/transformers/trainer.py", line 2240, in _inner_training_loop',
+        p + "    for step, inputs in enumerate(epoch_iterator):",
+        p + f'  File "{_SITE}/accelerate/data_loader.py", line 552, in __iter__',
+        p + "    current_batch = next(dataloader_iter)",
+        p + f'  File "{_SITE}/torch/utils/data/dataloader.py", line 701, in __next__',
+        p + "    data = self._next_data()",
+        p + f'  File "{_SITE}/torch/utils/data/_utils/fetch.py", line 55, in fetch',
+        p + "    return self.collate_fn(data)",
+        p + '  File "/app/src/llamafactory/data/collator.py", line 171, in __call__',
+        p + '    label_len = len(feature["labels"])',
+        p + "KeyError: 'labels'",
+        *torchrun_failure_lines(rank, host, t),
     ]
 
 

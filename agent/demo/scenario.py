@@ -15,6 +15,11 @@ node agents are the real kernel-log source, one per node, reading that node's ke
           the policy's frequency rule isolates it, and the job resumes on the other nodes
     hang  Job on NVIDIA: the steps stop, no error line -> hang detector, stacks of every rank taken
           before anything is killed, resume from the last checkpoint
+    node-lost  Job on NVIDIA: a node stops heartbeating; the node lifecycle controller (a stand-in
+          here) sets its Ready condition Unknown and taints it unreachable, the peer's collective
+          times out -> quarantine the node, resume from the last checkpoint elsewhere
+    app-error  Job on NVIDIA: a rank raises KeyError in the data collator -> the owner is told,
+          with the exception; no restart (it would fail the same way)
 
 The agent's settings are the demo's only concessions to time: a diagnosis window of 0.5 s, a hang
 floor of 1.5 s (in the hang fault; 60 s in the others) and a 0.2 s backoff between restarts, where a
@@ -43,6 +48,7 @@ from agent.demo.emulator import JOB, NODE, VOLCANO_JOB, Cluster, KubeEmulator
 from agent.demo.logs import (
     cuda_oom_lines,
     hccl_ei0006_lines,
+    key_error_lines,
     nccl_watchdog_lines,
     torchrun_peer_stop_lines,
     xid79_message,
@@ -56,7 +62,7 @@ __all__ = ["FAULTS", "SCENARIOS", "DemoCluster", "FaultResult", "Inspect", "Scen
 
 log = logging.getLogger("trainmedic.demo")
 
-FAULTS = ("xid", "oom", "hccl", "hang")
+FAULTS = ("xid", "oom", "hccl", "hang", "node-lost", "app-error")
 NAMESPACE = "train"
 MOUNT = "/mnt/ckpt"  # where the jobs mount the shared checkpoint volume
 GPU_NODES = ("gpu-1", "gpu-2", "gpu-3")
@@ -320,6 +326,41 @@ async def _inject_hang(dc: DemoCluster, run: TrainingRun) -> tuple[str, str]:
     )
 
 
+async def _inject_node_lost(dc: DemoCluster, run: TrainingRun) -> tuple[str, str]:
+    """The second node stops heartbeating: its rank is gone with it (no line, no exit: its pod stays
+    Running in the API); the node lifecycle controller marks the node; the peer's collective times out."""
+    lost, peer = run.ranks[1], run.ranks[0]
+    node = lost.node or "?"
+    dc.t0 = time.time()
+    dc.progress.t0 = dc.t0
+    run.end()
+    await dc.cluster.lose_node(node)
+    await asyncio.sleep(0.05)
+    run.log(peer, *nccl_watchdog_lines(0, time.time(), 7753))
+    await run.exit(peer, 1)
+    return (
+        f"{node} stops answering: Ready goes Unknown, tainted unreachable; the rank there is lost",
+        f"{node} 失联：Ready 变为 Unknown，被打上 unreachable 污点；该节点上的 rank 丢失",
+    )
+
+
+async def _inject_app_error(dc: DemoCluster, run: TrainingRun) -> tuple[str, str]:
+    """Rank 8 (the second pod) raises KeyError in the data collator; torchrun stops the peer."""
+    bad, peer = run.ranks[1], run.ranks[0]
+    dc.t0 = time.time()
+    dc.progress.t0 = dc.t0
+    run.end()
+    step = run.step + 1
+    run.log(bad, *key_error_lines(8, bad.node or "?", time.time()))
+    await run.exit(bad, 1)
+    run.log(peer, *torchrun_peer_stop_lines(57))
+    await run.exit(peer, 1)
+    return (
+        f"rank 8 ({bad.node}) raises KeyError: 'labels' in the data collator at step {step}",
+        f"rank 8（{bad.node}）在第 {step} 步的数据整理函数中抛出 KeyError: 'labels'",
+    )
+
+
 def _hf(job: str) -> JobProfile:
     return JobProfile("hf", f"{MOUNT}/{job}")
 
@@ -376,6 +417,30 @@ SCENARIOS: dict[str, Scenario] = {
         hang_floor_s=HANG_FLOOR_S,
         inject=_inject_hang,
         ready=lambda run: len(run.saved) >= 1 and run.step % run.profile.save_every >= 5,
+    ),
+    "node-lost": Scenario(
+        "node-lost",
+        ("a GPU node stops answering in a 16-GPU pre-training", "16 卡预训练中一个 GPU 节点失联"),
+        "llama3-8b-pt",
+        JOB,
+        _hf("llama3-8b-pt"),
+        "node_failure",
+        quarantine=True,
+        restart=True,
+        inject=_inject_node_lost,
+        ready=lambda run: len(run.saved) >= 1 and run.step % run.profile.save_every >= 3,
+    ),
+    "app-error": Scenario(
+        "app-error",
+        ("a rank raises a Python exception in a 16-GPU fine-tune", "16 卡微调中一个 rank 抛出 Python 异常"),
+        "qwen2-7b-sft",
+        JOB,
+        _hf("qwen2-7b-sft"),
+        "app_error",
+        quarantine=False,
+        restart=False,
+        inject=_inject_app_error,
+        ready=lambda run: len(run.saved) >= 1 and run.step % run.profile.save_every >= 3,
     ),
 }
 

@@ -13,6 +13,14 @@ its labels and its JobIndex entry, against 5-30 KB for the JSON object and sever
 Python dicts; tests/watchers/test_k8s_digest.py measures it). Lists and
 watch events are parsed as plain JSON, never turned into the client's model classes.
 
+What the rules see: the brain renders pod statuses, core/v1 events, unhealthy nodes and failed
+workloads as canonical text lines (stable formats, matched by rules/*.yaml of source pod_status /
+k8s_event): `pod_status: container=...` and `pod_status: pod=...` (`pod_status_lines`),
+`k8s_event: ...` (`k8s_event_line`), `node_status: node=...` (`node_status_lines`, only for a node
+whose Ready is not True, with a node lifecycle taint, or deleted) and `job_status: ...`
+(`workload_status_lines`, only for a Failed workload). A node that is unhealthy or deleted is
+published once more per job with pods on it (`NodeHandler`), so the node's loss reaches each job.
+
 Errors carry their retry semantics (kopf-style):
 
     WatchError (TrainmedicError)
@@ -256,9 +264,15 @@ class ContainerDigest:
     finished_at: str | None
     # The waiting reason (CrashLoopBackOff, ImagePullBackOff) when the container is waiting.
     waiting_reason: str | None
+    # A running container that was restarted: its previous run's end (lastState.terminated), which
+    # a watcher that missed the terminated state between the two runs only sees here.
+    last_reason: str | None = None
+    last_exit_code: int | None = None
+    last_signal: int | None = None
+    last_finished_at: str | None = None
 
     def as_dict(self) -> dict[str, object]:
-        return {
+        out: dict[str, object] = {
             "name": self.name,
             "ready": self.ready,
             "restarts": self.restarts,
@@ -272,6 +286,14 @@ class ContainerDigest:
             "init": self.init,
             "waiting_reason": self.waiting_reason,
         }
+        if self.last_exit_code is not None or self.last_reason is not None:
+            out.update(
+                last_reason=self.last_reason,
+                last_exit_code=self.last_exit_code,
+                last_signal=self.last_signal,
+                last_finished_at=self.last_finished_at,
+            )
+        return out
 
 
 def container_digest(cs: Mapping[str, Any], *, init: bool = False) -> ContainerDigest:
@@ -294,6 +316,14 @@ def container_digest(cs: Mapping[str, Any], *, init: bool = False) -> ContainerD
     reason = waiting_reason if kind == "waiting" else None
     exit_code = signal = None
     finished_at = None
+    previous: dict[str, Any] = {}
+    if kind == "running" and isinstance(last, Mapping):
+        previous = {
+            "last_reason": _str(last.get("reason")),
+            "last_exit_code": _int(last.get("exitCode")),
+            "last_signal": _int(last.get("signal")),
+            "last_finished_at": _str(last.get("finishedAt")),
+        }
     if term is not None:
         reason = _str(term.get("reason"))
         exit_code = _int(term.get("exitCode"))
@@ -312,6 +342,7 @@ def container_digest(cs: Mapping[str, Any], *, init: bool = False) -> ContainerD
         started_at=started_at,
         finished_at=finished_at,
         waiting_reason=waiting_reason,
+        **previous,
     )
 
 
@@ -337,10 +368,12 @@ class PodDigest:
     rank: int | None
     containers: tuple[ContainerDigest, ...]
     labels: tuple[tuple[str, str], ...]
+    reason: str | None = None
+    terminating: bool = False
 
     def meaningful(self) -> tuple[object, ...]:
         """What a change must touch to be published (labels and timestamps of probes are not)."""
-        return (self.uid, self.node, self.phase, self.job, self.rank, self.containers)
+        return (self.uid, self.node, self.phase, self.job, self.rank, self.containers, self.reason, self.terminating)
 
     def status(self, *, deleted: bool = False) -> PodStatus:
         return PodStatus(
@@ -351,6 +384,8 @@ class PodDigest:
             job=self.job,
             rank=self.rank,
             phase=self.phase,
+            reason=self.reason,
+            terminating=self.terminating,
             deleted=deleted,
             containers=[c.as_dict() for c in self.containers],
             labels=dict(self.labels),
@@ -370,7 +405,23 @@ def pod_digest(pod: Mapping[str, Any], info: PodInfo | None = None) -> PodDigest
         rank=info.rank,
         containers=container_digests(pod),
         labels=tuple(sorted(labels.items())),
+        reason=pod_reason(pod),
+        terminating=_get(pod, "metadata", "deletionTimestamp") is not None,
     )
+
+
+def pod_reason(pod: Mapping[str, Any]) -> str | None:
+    """The pod's own reason (status.reason: NodeLost, Evicted, ...), else that of a true
+    DisruptionTarget condition (DeletionByTaintManager, PreemptionByScheduler, TerminationByKubelet)."""
+    reason = _str(_get(pod, "status", "reason"))
+    if reason is not None:
+        return reason[:128]
+    for c in _get(pod, "status", "conditions") or ():
+        if isinstance(c, Mapping) and c.get("type") == "DisruptionTarget" and c.get("status") == "True":
+            r = _str(c.get("reason"))
+            if r is not None:
+                return r[:128]
+    return None
 
 
 def _token(v: object) -> str:
@@ -379,32 +430,124 @@ def _token(v: object) -> str:
     return re.sub(r"\s+", "_", text.strip()) or "-"
 
 
-def pod_status_lines(p: PodStatus) -> list[str]:
-    """The canonical lines the rule engine scans for a pod status (rules/host_oom.yaml matches them).
+def pod_status_entries(
+    p: PodStatus, *, now: float | None = None, max_age_s: float | None = None
+) -> list[tuple[str, str]]:
+    """The canonical lines of a pod status, each with the identity of what it reports (the same
+    termination rendered again by a later change of the pod has the same identity, so a consumer
+    can take it once). These are the lines of `pod_status_lines`.
 
-    One line per terminated container (also a container waiting to restart after a termination,
-    whose last termination is what explains it):
-    `pod_status: container=<name> state=terminated reason=<R> exit_code=<n> signal=<n> restarts=<n>`
-    (signal 0 when the runtime reported none); and one per waiting container with a reason:
-    `pod_status: container=<name> state=waiting reason=<R> restarts=<n>`.
+    With `now` and `max_age_s`, a termination that ended more than `max_age_s` before `now` (a
+    failed pod of last week, listed again at start-up) gives no line, nor does the restart line.
     """
-    lines: list[str] = []
+    who = p.uid or f"{p.namespace}/{p.pod}"
+    out: list[tuple[str, str]] = []
     for c in p.containers:
         name = _token(c.get("name"))
         restarts = _int(c.get("restarts")) or 0
         state = c.get("state")
         if state == "terminated":
+            if _stale(c.get("finished_at"), now, max_age_s):
+                continue
             exit_code = _int(c.get("exit_code"))
             signal = _int(c.get("signal")) or 0
-            lines.append(
+            line = (
                 f"pod_status: container={name} state=terminated reason={_token(c.get('reason') or 'Unknown')} "
                 f"exit_code={exit_code if exit_code is not None else -1} signal={signal} restarts={restarts}"
             )
+            out.append((f"{who}/{name}/{c.get('finished_at') or restarts}", line))
         elif state == "waiting" and c.get("reason"):
-            lines.append(
-                f"pod_status: container={name} state=waiting reason={_token(c.get('reason'))} restarts={restarts}"
+            line = f"pod_status: container={name} state=waiting reason={_token(c.get('reason'))} restarts={restarts}"
+            out.append((f"{who}/{name}/waiting/{_token(c.get('reason'))}/{restarts}", line))
+        elif state == "running" and now is not None and restarts > 0 and "last_exit_code" in c:
+            if _stale(c.get("last_finished_at"), now, max_age_s if max_age_s is not None else 0.0):
+                continue
+            exit_code = _int(c.get("last_exit_code"))
+            line = (
+                f"pod_status: container={name} state=restarted reason={_token(c.get('last_reason') or 'Unknown')} "
+                f"exit_code={exit_code if exit_code is not None else -1} signal={_int(c.get('last_signal')) or 0} "
+                f"restarts={restarts}"
             )
-    return lines
+            # The same run's end as the terminated line a watcher may have seen before the restart.
+            out.append((f"{who}/{name}/{c.get('last_finished_at') or restarts - 1}", line))
+    if p.reason:
+        line = (
+            f"pod_status: pod={_token(p.pod)} phase={_token(p.phase or 'Unknown')} reason={_token(p.reason)} "
+            f"terminating={'true' if p.terminating else 'false'} node={_token(p.node)}"
+        )
+        out.append((f"{who}/pod/{_token(p.reason)}", line))
+    return out
+
+
+def _stale(finished_at: object, now: float | None, max_age_s: float | None) -> bool:
+    if now is None or max_age_s is None or not isinstance(finished_at, str):
+        return False
+    t = _time_s(finished_at)
+    return t is not None and now - t > max_age_s
+
+
+def pod_status_lines(p: PodStatus, *, now: float | None = None, max_age_s: float | None = None) -> list[str]:
+    """The canonical lines the rule engine scans for a pod status (rules/host_oom.yaml,
+    rules/process_killed.yaml, rules/k8s_workload.yaml match them). Formats (stable):
+
+    * one line per terminated container (also a container waiting to restart after a termination,
+      whose last termination is what explains it):
+      `pod_status: container=<name> state=terminated reason=<R> exit_code=<n> signal=<n> restarts=<n>`
+      (signal 0 when the runtime reported none, exit_code -1 when it reported no code);
+    * one per waiting container with a reason:
+      `pod_status: container=<name> state=waiting reason=<R> restarts=<n>`;
+    * with `now` (the brain passes the event's time): one per running container that was restarted,
+      its previous run's end (lastState), recent within `max_age_s`:
+      `pod_status: container=<name> state=restarted reason=<R> exit_code=<n> signal=<n> restarts=<n>`;
+    * one for the pod itself when it has a reason (NodeLost, Evicted, DeletionByTaintManager, ...):
+      `pod_status: pod=<name> phase=<P> reason=<R> terminating=<true|false> node=<node or ->`.
+    """
+    return [line for _, line in pod_status_entries(p, now=now, max_age_s=max_age_s)]
+
+
+# Node lifecycle taints (the node controller's), rendered in node_status lines.
+NODE_LIFECYCLE_TAINTS = (
+    "node.kubernetes.io/unreachable",
+    "node.kubernetes.io/not-ready",
+    "node.kubernetes.io/out-of-service",
+    "node.kubernetes.io/network-unavailable",
+)
+
+
+def node_unhealthy(n: NodeStatus) -> bool:
+    """Ready is not True, a node lifecycle taint is on it, or it is gone."""
+    ready = n.conditions.get("Ready")
+    return (
+        n.deleted
+        or (ready is not None and ready != "True")
+        or any(t.split("=", 1)[0].split(":", 1)[0] in NODE_LIFECYCLE_TAINTS for t in n.taints)
+    )
+
+
+def node_status_lines(n: NodeStatus) -> list[str]:
+    """The canonical line of a node that is unhealthy or gone (none for a healthy one):
+    `node_status: node=<name> ready=<True|False|Unknown|-> reason=<Ready's reason or -> deleted=<true|false>
+    taints=<key:Effect,...|->` (only the node lifecycle taints, in the node's order: what trainmedic's
+    own quarantine changes, a cordon and its taint, does not change the line)."""
+    if not node_unhealthy(n):
+        return []
+    taints = [t for t in n.taints if t.split("=", 1)[0].split(":", 1)[0] in NODE_LIFECYCLE_TAINTS]
+    return [
+        f"node_status: node={_token(n.node)} ready={_token(n.conditions.get('Ready'))} "
+        f"reason={_token(n.reasons.get('Ready'))} deleted={'true' if n.deleted else 'false'} "
+        f"taints={_token(','.join(taints))}"
+    ]
+
+
+def workload_status_lines(w: WorkloadStatus) -> list[str]:
+    """The canonical line of a training workload that failed (none otherwise):
+    `job_status: kind=<Kind> job=<namespace>/<name> phase=Failed reason=<R or ->`."""
+    if w.deleted or w.phase != "Failed":
+        return []
+    return [
+        f"job_status: kind={_token(w.job.kind)} job={_token(w.job.namespace)}/{_token(w.job.name)} "
+        f"phase={_token(w.phase)} reason={_token(w.reason)}"
+    ]
 
 
 MAX_EVENT_MESSAGE = 4096
@@ -504,9 +647,12 @@ def node_status(obj: Mapping[str, Any], *, plugin_resources: Mapping[str, str] |
     plugin_resources = _plugin_resources() if plugin_resources is None else plugin_resources
     labels = _str_map(_get(obj, "metadata", "labels"))
     conditions: dict[str, str] = {}
+    reasons: dict[str, str] = {}
     for c in _get(obj, "status", "conditions") or ():
         if isinstance(c, Mapping) and _str(c.get("type")):
             conditions[str(c["type"])] = str(c.get("status") or "Unknown")
+            if _str(c.get("reason")):
+                reasons[str(c["type"])] = str(c["reason"])[:128]
     taints: list[str] = []
     for t in _get(obj, "spec", "taints") or ():
         if isinstance(t, Mapping) and _str(t.get("key")):
@@ -537,6 +683,7 @@ def node_status(obj: Mapping[str, Any], *, plugin_resources: Mapping[str, str] |
         node=str(_get(obj, "metadata", "name") or "?"),
         unschedulable=_get(obj, "spec", "unschedulable") is True,
         conditions=conditions,
+        reasons=reasons,
         taints=taints,
         accelerators=accelerators,
         chip=chip,
@@ -655,8 +802,23 @@ def workload_status(spec: ResourceSpec, obj: Mapping[str, Any], *, deleted: bool
         else:
             phase = "Pending"
         replicas = _int(wspec.get("parallelism")) or _int(wspec.get("completions")) or 1
+    reason: str | None = None
+    if spec is VOLCANO_JOBS:
+        reason = _str(_get(status, "state", "reason"))
+    elif phase == "Failed":
+        failed = next(
+            (c for c in conds if c.get("type") in ("Failed", "FailureTarget") and c.get("status") == "True"), None
+        )
+        reason = _str(failed.get("reason")) if failed is not None else None
     annotations = {k: v for k, v in _str_map(meta.get("annotations"), limit=64).items() if k not in _DROP_ANNOTATIONS}
-    return WorkloadStatus(job=job, deleted=deleted, phase=phase, replicas=replicas, annotations=annotations)
+    return WorkloadStatus(
+        job=job,
+        deleted=deleted,
+        phase=phase,
+        reason=reason[:128] if reason else None,
+        replicas=replicas,
+        annotations=annotations,
+    )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -1442,12 +1604,29 @@ class EventHandler(Handler):
 
 
 class NodeHandler(Handler):
-    """Nodes -> NodeStatus when conditions, taints, schedulability, accelerators or labels change."""
+    """Nodes -> NodeStatus when conditions, taints, schedulability, accelerators or labels change.
 
-    def __init__(self, publisher: Publisher) -> None:
+    A node that is unhealthy (Ready not True, a node lifecycle taint) or deleted is also published
+    once per job with pods on it (`JobIndex.jobs_on_node`): copies of the one event (same id), each
+    with its `job` and keyed by it, as kernel lines are, so the brain that owns each job sees it.
+    """
+
+    def __init__(self, publisher: Publisher, jobs: JobIndex | None = None) -> None:
         self.publisher = publisher
+        self.jobs = jobs
         self.cache: dict[str, NodeStatus] = {}
         self._resources = _plugin_resources()
+
+    async def _publish(self, status: NodeStatus) -> None:
+        event = make_event(status, producer=self.publisher.producer)
+        await self.publisher.bus.publish(self.publisher.topic, event)
+        self.publisher.telemetry.events_out.labels(topic=self.publisher.topic.value).inc()
+        if self.jobs is None or not node_unhealthy(status):
+            return
+        for job in self.jobs.jobs_on_node(status.node):
+            copy = event.model_copy(update={"key": job.key, "payload": status.model_copy(update={"job": job})})
+            await self.publisher.bus.publish(self.publisher.topic, copy)
+            self.publisher.telemetry.events_out.labels(topic=self.publisher.topic.value).inc()
 
     def key(self, obj: Mapping[str, Any]) -> str | None:
         return _str(_get(obj, "metadata", "name"))
@@ -1462,14 +1641,14 @@ class NodeHandler(Handler):
         status = node_status(obj, plugin_resources=self._resources)
         if self.cache.get(status.node) == status:
             return
-        await self.publisher.publish(status)
+        await self._publish(status)
         self.cache[status.node] = status
 
     async def remove(self, key: str, obj: Mapping[str, Any] | None) -> None:
         old = self.cache.get(key)
         status = node_status(obj, plugin_resources=self._resources) if obj is not None else old
         if status is not None:
-            await self.publisher.publish(status.model_copy(update={"deleted": True}))
+            await self._publish(status.model_copy(update={"deleted": True}))
         self.cache.pop(key, None)
 
 
@@ -1589,7 +1768,7 @@ class KubeWatchers:
         self.publisher = Publisher(bus, telemetry, producer)
         self.pods = PodHandler(self.publisher, job_index, only_job_pods=only_job_pods, publish=publish_pods)
         self.events = EventHandler(self.publisher, job_index, self.settings)
-        self.nodes = NodeHandler(self.publisher)
+        self.nodes = NodeHandler(self.publisher, job_index)
         self.workloads: dict[str, WorkloadHandler] = {}
         self.reflectors: list[Reflector] = []
         self._sync = _Sync()
