@@ -53,6 +53,13 @@ from agent.store import TERMINAL, ActionRecord, ActionState, Incident, IncidentS
 from agent.telemetry import Telemetry
 from remediations import checkpoints as ckpt
 from remediations import workloads as wl
+from remediations.errors import (
+    ActionBlocked,
+    FatalActionError,
+    StalePlan,
+    TemporaryActionError,
+    classify,
+)
 from remediations.kube import ConflictError, KubeError, KubeOps, PermanentKubeError
 from remediations.policy import ActionName, Mode, Plan, Policy, PolicyContext
 from remediations.policy_state import PolicyState
@@ -267,6 +274,9 @@ class Responder:
                 continue
             if incident.id in self._scheduled:
                 continue
+            now = self.clock()
+            if any(float((a.result or {}).get("retry_at") or 0.0) > now for a in incident.actions):
+                continue  # a temporary failure asked to wait
             self._scheduled.add(incident.id)
             self._submit(incident.key, functools.partial(self._execute_again, incident.id), None)
 
@@ -389,45 +399,85 @@ class Responder:
     # -- actions --------------------------------------------------------------------------------------
 
     async def _execute(self, incident: Incident) -> Incident:
-        """Run the incident's remaining actions in order (journalled; safe to call again)."""
+        """Run the incident's remaining actions in order (journalled; safe to call again).
+
+        What a failure means comes from its type (remediations.errors): temporary -> the action
+        keeps its journal state and is tried again after its delay; blocked -> the remaining
+        changes are skipped and the incident ends `blocked`; permanent (any error nobody expected
+        included) -> the action and the incident end `failed`. Either way a person hears of it
+        with the incident's status; an incident is never left `acting` by an error."""
         rc = RootCause.model_validate(incident.diagnosis["diagnosis"]["root_cause"])
         failed = False
         retry = False
+        blocked: ActionBlocked | None = None
         for action in incident.actions:
             if action.state in (ActionState.DONE, ActionState.SKIPPED, ActionState.FAILED):
                 failed = failed or action.state is ActionState.FAILED
                 continue
+            if blocked is not None:
+                self._skip_blocked(incident, action, blocked)
+                continue
             try:
                 await self._run_action(incident, action, rc)
                 self.telemetry.actions.labels(action.name, "done").inc()
-            except PermanentKubeError as e:
+            except Exception as exc:  # classified below: every error has a meaning for the incident
+                err = classify(exc)
+                if isinstance(err, FatalActionError):
+                    log.error("incident %s: %s: %s", incident.id, action.name, err)
+                    raise err from exc
+                if isinstance(err, TemporaryActionError):
+                    retry = True
+                    self.telemetry.actions.labels(action.name, "retry").inc()
+                    delay = err.delay if err.delay is not None else self.settings.retry_after_s
+                    self.store.update_action(
+                        incident.id,
+                        action.seq,
+                        ActionState(self._journal_state(incident, action)),
+                        result={"retry": str(err), "retry_at": self.clock() + delay},
+                    )
+                    log.warning("incident %s: %s will be retried in %.0f s: %s", incident.id, action.name, delay, err)
+                    break
+                if isinstance(err, ActionBlocked):
+                    blocked = err
+                    self.telemetry.actions.labels(action.name, "blocked").inc()
+                    self._skip_blocked(incident, action, blocked)
+                    log.warning("incident %s: %s blocked: %s", incident.id, action.name, err)
+                    continue
                 failed = True
                 self.telemetry.actions.labels(action.name, "failed").inc()
-                self.store.update_action(incident.id, action.seq, ActionState.FAILED, result={"error": str(e)})
-                log.error("incident %s: %s failed: %s", incident.id, action.name, e)
-                break
-            except KubeError as e:
-                retry = True
-                self.telemetry.actions.labels(action.name, "retry").inc()
                 self.store.update_action(
                     incident.id,
                     action.seq,
-                    ActionState(self._journal_state(incident, action)),
-                    result={"retry": str(e)},
+                    ActionState.FAILED,
+                    result={"error": str(err), "stale": isinstance(err, StalePlan)},
                 )
-                log.warning("incident %s: %s will be retried: %s", incident.id, action.name, e)
+                log.error("incident %s: %s failed: %s", incident.id, action.name, err)
                 break
         incident = self.store.get(incident.id)
         if not retry:
             plan = incident.plan or {}
             status = IncidentStatus.FAILED if failed else IncidentStatus.RESOLVED
-            if not failed and plan.get("blocked") and plan.get("page"):
+            if not failed and (blocked is not None or (plan.get("blocked") and plan.get("page"))):
                 status = IncidentStatus.BLOCKED
-            self.store.set_status(incident.id, status)
+            detail: dict[str, Any] = {"page": True} if status in (IncidentStatus.FAILED, IncidentStatus.BLOCKED) else {}
+            if blocked is not None:
+                detail["blocked"] = blocked.why.en
+            self.store.set_status(incident.id, status, detail)
             incident = self.store.get(incident.id)
             self._finish(incident)
             await self._publish(incident, rc)
         return incident
+
+    def _skip_blocked(self, incident: Incident, action: ActionRecord, blocked: ActionBlocked) -> None:
+        """An action after (or at) a refusal of the policy: notifications still go, changes do not."""
+        if ActionName(action.name) is ActionName.NOTIFY:
+            self.store.update_action(
+                incident.id, action.seq, ActionState.DONE, result={"published": Topic.INCIDENTS.value, "page": True}
+            )
+            return
+        self.store.update_action(
+            incident.id, action.seq, ActionState.SKIPPED, result={"reason": blocked.why.en, "blocked": True}
+        )
 
     def _journal_state(self, incident: Incident, action: ActionRecord) -> str:
         current = self.store.get(incident.id).actions[action.seq].state
@@ -452,10 +502,28 @@ class Responder:
             )
             return
         self.store.update_action(incident.id, action.seq, ActionState.RUNNING, params=dict(action.params, node=node))
-        result = await self.kube.quarantine_node(
-            node, incident_id=incident.id, fault_class=rc.fault_class.value, reason=rc.summary.en
+        # The breaker is checked again now, against the cluster's own count, and the node's place is
+        # reserved in the same atomic step: reserve, act, commit (or release when nothing was written).
+        nodes = await self.kube.list_nodes()
+        pool, pool_size = self.policy.pool_of(node, nodes)
+        ctx = dataclasses.replace(
+            self._ctx_light(incident, rc),
+            node=node,
+            pool=pool,
+            pool_size=pool_size,
+            quarantined=self.policy.pool_quarantined(node, nodes),
         )
-        self.policy.commit_quarantine(node, self._ctx_light(incident, rc), self.policy_state, incident_id=incident.id)
+        refused = self.policy.reserve_quarantine(node, ctx, self.policy_state, incident_id=incident.id)
+        if refused is not None:
+            raise ActionBlocked(refused)
+        try:
+            result = await self.kube.quarantine_node(
+                node, incident_id=incident.id, fault_class=rc.fault_class.value, reason=rc.summary.en
+            )
+        except BaseException:
+            self.policy.release_quarantine(node, ctx, self.policy_state)
+            raise
+        self.policy.commit_quarantine(node, ctx, self.policy_state, incident_id=incident.id)
         self.store.update_action(
             incident.id,
             action.seq,
@@ -700,6 +768,7 @@ class Responder:
             log.warning("cannot list nodes for the circuit breaker: %s", e)
             nodes = []
         pool, pool_size = self.policy.pool_of(rc.node, nodes)
+        quarantined = self.policy.pool_quarantined(rc.node, nodes) if nodes else None
         opt_out = workload is not None and wl.resume_spec(workload).opt_out
         texts = [f.text for f in (incident_findings(incident))]
         return PolicyContext(
@@ -712,6 +781,7 @@ class Responder:
             opt_out=opt_out,
             now=self.clock(),
             texts=tuple(texts),
+            quarantined=quarantined,
         )
 
     def _ctx_light(self, incident: Incident, rc: RootCause) -> PolicyContext:

@@ -455,6 +455,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         result.update(run_pipeline_figures(args))
     if not args.no_remediation:
         result.update(run_remediation_figures(args))
+        from bench.breaker import run_breaker
+
+        result.update(run_breaker())
     text = json.dumps(result, indent=2, ensure_ascii=False)
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(text + "\n", encoding="utf-8")
