@@ -45,7 +45,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from agent.bus.base import Bus, OffsetTracker, Record, TopicPartition
 from agent.bus.dlq import decode_record
@@ -100,6 +100,10 @@ class ResponderSettings:
     # Checkpoint paths as the job declares them -> as this agent sees them (shared volume mounts).
     checkpoint_path_map: dict[str, str] = field(default_factory=dict)
     wait_gone_s: float = 120.0
+    # A workload still terminating this long after its delete (a foreign finalizer, a long grace
+    # period) is escalated to a person; the responder keeps waiting and creates the replacement
+    # once it is gone (the journal keeps the body).
+    gone_deadline_s: float = 3600.0
     approval_poll_s: float = 2.0
     # An action that failed temporarily is tried again after this long.
     retry_after_s: float = 10.0
@@ -429,12 +433,23 @@ class Responder:
                     retry = True
                     self.telemetry.actions.labels(action.name, "retry").inc()
                     delay = err.delay if err.delay is not None else self.settings.retry_after_s
+                    current = self.store.get(incident.id).actions[action.seq]
+                    escalated = bool((current.result or {}).get("escalated"))
                     self.store.update_action(
                         incident.id,
                         action.seq,
                         ActionState(self._journal_state(incident, action)),
-                        result={"retry": str(err), "retry_at": self.clock() + delay},
+                        result={
+                            "retry": str(err),
+                            "retry_at": self.clock() + delay,
+                            "escalated": escalated or err.escalate,
+                        },
                     )
+                    if err.escalate and not escalated:
+                        self.store.note(
+                            incident.id, "escalated", {"action": action.name, "why": str(err), "page": True}
+                        )
+                        await self._publish(self.store.get(incident.id), rc)
                     log.warning("incident %s: %s will be retried in %.0f s: %s", incident.id, action.name, delay, err)
                     break
                 if isinstance(err, ActionBlocked):
@@ -569,11 +584,12 @@ class Responder:
                 kind=live.get("kind"),
                 **resume,
             )
+            params["deleting_since"] = self.clock()
             self.store.update_action(incident.id, action.seq, ActionState.DELETING, params=params)
             await self.kube.delete_workload(live, propagation="Foreground")
             state = ActionState.DELETING
         if state is ActionState.DELETING:
-            await self.kube.wait_gone(
+            gone = await self.kube.wait_gone(
                 params["api_version"],
                 params["kind"],
                 job.namespace,
@@ -581,17 +597,28 @@ class Responder:
                 uid=params.get("uid"),
                 timeout_s=self.settings.wait_gone_s,
             )
+            if not gone:
+                self._still_terminating(params, job)
             self.store.update_action(incident.id, action.seq, ActionState.CREATING)
         try:
             created = await self.kube.create_workload(body)
         except ConflictError:
             existing = await self.kube.get_workload(params["api_version"], params["kind"], job.namespace, job.name)
-            if existing is None or _annotation(existing, "trainmedic.io/incident") != incident.id:
+            if existing is None:
+                raise TemporaryActionError(
+                    f"{params['kind']} {job.namespace}/{job.name}: the create met an object that is gone now"
+                ) from None
+            if _annotation(existing, "trainmedic.io/incident") == incident.id:
+                created = existing  # our own journalled create landed before: success
+            elif (existing.get("metadata") or {}).get("uid") == params.get("uid"):
+                # The original is still there (terminating): back to waiting for it to go.
+                self.store.update_action(incident.id, action.seq, ActionState.DELETING)
+                self._still_terminating(params, job)
+            else:
                 raise PermanentKubeError(
                     f"{params['kind']} {job.namespace}/{job.name} was recreated by someone else meanwhile; "
                     "left as it is"
                 ) from None
-            created = existing
         self.policy.commit_restart(self._ctx_light(incident, rc), self.policy_state, incident_id=incident.id)
         self.store.update_action(incident.id, action.seq, ActionState.DONE, result=_restart_result(created))
         log.info(
@@ -602,6 +629,18 @@ class Responder:
             job.name,
             params.get("checkpoint") or "no checkpoint",
             ", ".join(params.get("excluded_nodes") or []) or "no node",
+        )
+
+    def _still_terminating(self, params: Mapping[str, Any], job: JobRef) -> NoReturn:
+        """The deleted original has not gone yet: wait on (the journal keeps the replacement body),
+        and past `gone_deadline_s` tell a person, still waiting."""
+        since = float(params.get("deleting_since") or self.clock())
+        waited = self.clock() - since
+        raise TemporaryActionError(
+            f"{params['kind']} {job.namespace}/{job.name} is still terminating {waited:.0f} s after its delete "
+            "(a finalizer or a long grace period holds it); its replacement is created once it is gone",
+            delay=self.settings.retry_after_s,
+            escalate=waited >= self.settings.gone_deadline_s,
         )
 
     def _restart_in_plan(self, incident: Incident, seq: int) -> bool:

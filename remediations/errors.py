@@ -2,6 +2,7 @@
 
     RemediationError (TrainmedicError)
     +-- TemporaryActionError  try again after `delay` seconds; the action keeps its journal state
+    |                         (`escalate`: past its deadline, a person is told, the wait goes on)
     +-- PermanentActionError  retrying will not help: the action fails, the incident ends `failed`
     |   |                     and a person is paged
     |   +-- StalePlan         the job is not the one the plan was made for (resubmitted meanwhile)
@@ -29,9 +30,13 @@ class RemediationError(TrainmedicError):
 
 
 class TemporaryActionError(RemediationError):
-    def __init__(self, message: str, *, delay: float | None = None) -> None:
+    """Try again after `delay`; with `escalate`, a person is told now (the wait passed its deadline)
+    while the action keeps waiting: its journal must be carried to the end, not dropped."""
+
+    def __init__(self, message: str, *, delay: float | None = None, escalate: bool = False) -> None:
         super().__init__(message)
         self.delay = delay
+        self.escalate = escalate
 
 
 class PermanentActionError(RemediationError):

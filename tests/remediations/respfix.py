@@ -13,7 +13,7 @@ import asyncio
 import copy
 import itertools
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -238,7 +238,9 @@ class Harness:
         return await self.responder.handle(d, key=job_key(d.job.namespace, d.job.name))
 
 
-def harness(tmp: Path, pol: Policy, kube: FakeKube | None = None, **settings: Any) -> Harness:
+def harness(
+    tmp: Path, pol: Policy, kube: FakeKube | None = None, *, clock: Callable[[], float] | None = None, **settings: Any
+) -> Harness:
     kube = kube or FakeKube()
     store = IncidentStore(tmp / "incidents.db")
     state = MemoryPolicyState()
@@ -249,5 +251,6 @@ def harness(tmp: Path, pol: Policy, kube: FakeKube | None = None, **settings: An
         pol,
         state,
         settings=ResponderSettings(scene_dir=tmp / "scenes", reports=False, stacks=False, **settings),
+        **({"clock": clock} if clock is not None else {}),
     )
     return Harness(kube, store, responder, state)

@@ -1,0 +1,79 @@
+"""Restart from checkpoint on the journal: a deleted job always gets its replacement, the plan acts
+only on the job it was made for, and the lifetime cap of a lineage."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from respfix import FakeKube, diagnosis, harness, job, node, policy
+
+from agent.store import ActionState, IncidentStatus
+
+pytestmark = pytest.mark.asyncio
+
+RESTART = "[restart_from_checkpoint]"
+
+
+class Clock:
+    def __init__(self, t: float = 1_000_000.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def cluster(*jobs: str) -> FakeKube:
+    kube = FakeKube(nodes={f"gpu-{i}": node(f"gpu-{i}") for i in range(4)})
+    for name in jobs:
+        kube.add(job("train", name))
+    return kube
+
+
+@pytest.mark.parametrize("deadline_passes", [False, True])
+@pytest.mark.looptime
+async def test_a_job_still_terminating_is_waited_for_and_then_replaced(tmp_path: Path, deadline_passes: bool) -> None:
+    kube = cluster("llama")
+    kube.terminating.add(("Job", "train", "llama"))
+    clock = Clock()
+    h = harness(tmp_path, policy(actions=RESTART), kube, clock=clock, wait_gone_s=5, gone_deadline_s=600)
+    incident = await h.handle(diagnosis("train", "llama", "gpu-0"))
+
+    # The original is still there (a foreign finalizer): nothing failed, the journal waits.
+    assert incident.status is IncidentStatus.ACTING
+    assert incident.actions[0].state is ActionState.DELETING
+    assert incident.actions[0].params["body"]["metadata"]["name"] == "llama"
+    assert kube.created == []
+
+    clock.t += 900 if deadline_passes else 60
+    await h.responder._execute_again(incident.id)
+    incident = h.store.get(incident.id)
+    assert incident.status is IncidentStatus.ACTING and kube.created == []
+    escalations = [e for e in h.store.timeline(incident.id) if e["kind"] == "escalated"]
+    assert len(escalations) == (1 if deadline_passes else 0)
+
+    # The finalizer goes: the next pass creates the replacement, exactly once.
+    kube.terminating.clear()
+    del kube.workloads[("Job", "train", "llama")]
+    clock.t += 60
+    await h.responder._execute_again(incident.id)
+    incident = h.store.get(incident.id)
+    assert incident.status is IncidentStatus.RESOLVED
+    assert len(kube.created) == 1
+    assert kube.created[0]["metadata"]["annotations"]["trainmedic.io/incident"] == incident.id
+
+
+@pytest.mark.looptime
+async def test_a_409_from_our_own_journalled_create_is_success(tmp_path: Path) -> None:
+    kube = cluster("llama")
+    h = harness(tmp_path, policy(actions=RESTART), kube)
+    incident = await h.handle(diagnosis("train", "llama", "gpu-0"))
+    assert incident.status is IncidentStatus.RESOLVED
+    # Killed after the create landed but before DONE was journalled: the journal says creating.
+    h.store.update_action(incident.id, 0, ActionState.CREATING)
+    h.store.set_status(incident.id, IncidentStatus.ACTING)
+    await h.responder._execute_again(incident.id)
+    incident = h.store.get(incident.id)
+    assert incident.status is IncidentStatus.RESOLVED
+    assert incident.actions[0].state is ActionState.DONE
+    assert len(kube.created) == 1
