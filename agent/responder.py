@@ -82,6 +82,8 @@ _KINDS: tuple[tuple[str, str], ...] = (
     ("kubeflow.org/v1", "PyTorchJob"),
 )
 
+_RESTARTS = frozenset({ActionName.RESTART_FROM_CHECKPOINT, ActionName.RAISE_MEMORY_LIMIT})
+
 MetricsRange = Callable[[str, float, float, float], Awaitable[Mapping[str, list[tuple[float, float]]]]]
 
 
@@ -367,7 +369,11 @@ class Responder:
             self.policy.commit_breaker(ctx, self.policy_state, incident_id=incident.id)
         if self.settings.mode is not None:
             plan.mode = self.settings.mode
-        actions = [(a.name.value, dict(a.params)) for a in plan.actions]
+        identity = _identity(workload) if workload is not None else None
+        actions = [
+            (a.name.value, dict(a.params, identity=identity) if a.name in _RESTARTS and identity else dict(a.params))
+            for a in plan.actions
+        ]
         await asyncio.to_thread(self.store.set_plan, incident.id, plan.as_dict(), plan.mode.value, actions)
         incident = self.store.get(incident.id)
         status = self._status_for(plan)
@@ -414,6 +420,7 @@ class Responder:
         failed = False
         retry = False
         blocked: ActionBlocked | None = None
+        stale: StalePlan | None = None
         for action in incident.actions:
             if action.state in (ActionState.DONE, ActionState.SKIPPED, ActionState.FAILED):
                 failed = failed or action.state is ActionState.FAILED
@@ -452,6 +459,14 @@ class Responder:
                         await self._publish(self.store.get(incident.id), rc)
                     log.warning("incident %s: %s will be retried in %.0f s: %s", incident.id, action.name, delay, err)
                     break
+                if isinstance(err, StalePlan):
+                    stale = err
+                    self.store.update_action(
+                        incident.id, action.seq, ActionState.SKIPPED, result={"reason": str(err), "stale": True}
+                    )
+                    log.warning("incident %s: %s", incident.id, err)
+                    blocked = ActionBlocked(I18nText(en=str(err), zh="作业在计划制定后已被重新提交或修改：计划作废。"))
+                    continue
                 if isinstance(err, ActionBlocked):
                     blocked = err
                     self.telemetry.actions.labels(action.name, "blocked").inc()
@@ -474,8 +489,14 @@ class Responder:
             status = IncidentStatus.FAILED if failed else IncidentStatus.RESOLVED
             if not failed and (blocked is not None or (plan.get("blocked") and plan.get("page"))):
                 status = IncidentStatus.BLOCKED
+            if not failed and stale is not None:
+                # The plan was for another incarnation of the job: nothing to do, nothing failed.
+                self.store.note(incident.id, "stale", {"why": str(stale)})
+                status = IncidentStatus.OBSERVED
             detail: dict[str, Any] = {"page": True} if status in (IncidentStatus.FAILED, IncidentStatus.BLOCKED) else {}
-            if blocked is not None:
+            if stale is not None:
+                detail = {"stale": True, "why": str(stale)}
+            elif blocked is not None:
                 detail["blocked"] = blocked.why.en
             self.store.set_status(incident.id, status, detail)
             incident = self.store.get(incident.id)
@@ -576,6 +597,19 @@ class Responder:
             if _annotation(live, "trainmedic.io/incident") == incident.id:
                 self.store.update_action(incident.id, action.seq, ActionState.DONE, result=_restart_result(live))
                 return
+            planned_for = params.get("identity")
+            now_is = _identity(live)
+            if planned_for and planned_for != now_is:
+                changed = ", ".join(
+                    f"{k} {planned_for.get(k)} -> {now_is.get(k)}"
+                    for k in now_is
+                    if planned_for.get(k) != now_is.get(k)
+                )
+                raise StalePlan(
+                    f"{live.get('kind')} {job.namespace}/{job.name} is not the job this plan was made for "
+                    f"({changed}): it was resubmitted or changed since; the plan is cancelled as stale and the "
+                    "job left as it is"
+                )
             body, resume = await self._replacement(incident, live, rc)
             params.update(
                 body=body,
@@ -942,6 +976,13 @@ def _stale(workload: Mapping[str, Any] | None, incident_id: str, d: DiagnosisEve
 def _annotation(obj: Mapping[str, Any], name: str) -> str | None:
     value = ((obj.get("metadata") or {}).get("annotations") or {}).get(name)
     return str(value) if value is not None else None
+
+
+def _identity(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """Which incarnation of a workload this is: a resubmitted job has another uid and creation time, an
+    edited one another generation."""
+    meta = obj.get("metadata") or {}
+    return {k: meta.get(k) for k in ("uid", "creationTimestamp", "generation")}
 
 
 def _restart_result(obj: Mapping[str, Any]) -> dict[str, Any]:

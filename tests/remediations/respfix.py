@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import itertools
+import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -251,6 +252,6 @@ def harness(
         pol,
         state,
         settings=ResponderSettings(scene_dir=tmp / "scenes", reports=False, stacks=False, **settings),
-        **({"clock": clock} if clock is not None else {}),
+        clock=clock or time.time,
     )
     return Harness(kube, store, responder, state)

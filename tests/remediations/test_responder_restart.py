@@ -77,3 +77,31 @@ async def test_a_409_from_our_own_journalled_create_is_success(tmp_path: Path) -
     assert incident.status is IncidentStatus.RESOLVED
     assert incident.actions[0].state is ActionState.DONE
     assert len(kube.created) == 1
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"uid": "resubmitted-uid", "creationTimestamp": "2026-02-02T00:00:00Z"}, "uid"),
+        ({"generation": 2}, "generation"),
+    ],
+)
+@pytest.mark.looptime
+async def test_a_late_approval_after_a_resubmit_is_cancelled_as_stale(
+    tmp_path: Path, change: dict[str, object], named: str
+) -> None:
+    kube = cluster("llama")
+    h = harness(tmp_path, policy(actions=RESTART, mode="approve"), kube)
+    incident = await h.handle(diagnosis("train", "llama", "gpu-0"))
+    assert incident.status is IncidentStatus.AWAITING_APPROVAL
+    # A person resubmits (or edits) the job by hand before somebody approves the old plan.
+    kube.workloads[("Job", "train", "llama")]["metadata"].update(change)
+    h.store.approve(incident.id, by="sre")
+    await h.responder._execute_again(incident.id)
+
+    incident = h.store.get(incident.id)
+    assert kube.deleted == [] and kube.created == []
+    assert incident.status is IncidentStatus.OBSERVED
+    why = (incident.actions[0].result or {})["reason"]
+    assert "not the job this plan was made for" in why and named in why
+    assert any(e["kind"] == "stale" for e in h.store.timeline(incident.id))
