@@ -26,10 +26,14 @@ saved):
    carries this incident's annotation is success), and a workload that was never deleted is not
    touched twice.
 
-Errors: a temporary API error (429, 5xx, connection) is retried by KubeOps, then the action is left
-`running` and retried on the next pass; a permanent one (RBAC forbidden, invalid) fails the action
-with the API's reason, and the incident asks for a person. Nothing is silently dropped: every step
-lands in the incident's timeline and on `trainmedic.incidents`.
+Errors carry their meaning in their type (remediations/errors.py, `classify`): temporary (429, 5xx,
+connection; a workload still terminating) leaves the action in its journal state, tried again after
+its delay (escalated to a person past a deadline, still waiting); blocked (the breaker or a budget
+refusing at the moment of acting) skips the remaining changes and ends the incident `blocked`;
+a stale plan (the job was resubmitted since) is cancelled and the incident ends `observed`;
+permanent (RBAC forbidden, invalid, a workload another controller owns, any error nobody expected)
+fails the action and the incident, which pages. Nothing is left `acting` and nothing is silently
+dropped: every step lands in the incident's timeline and on `trainmedic.incidents`.
 """
 
 from __future__ import annotations
@@ -329,7 +333,18 @@ class Responder:
                 await self._protect(job)
             return incident
         if incident.status is IncidentStatus.OPEN:
-            incident = await self._prepare(incident, d, rc)
+            try:
+                incident = await self._prepare(incident, d, rc)
+            except Exception as exc:  # classified: only a temporary error may leave the incident open
+                err = classify(exc)
+                if isinstance(err, TemporaryActionError | FatalActionError):
+                    raise
+                log.error("incident %s: the plan could not be made: %s", incident.id, err)
+                self.store.set_status(incident.id, IncidentStatus.FAILED, {"error": str(err), "page": True})
+                incident = self.store.get(incident.id)
+                self._finish(incident)
+                await self._publish(incident, rc)
+                return incident
         if incident.status is IncidentStatus.ACTING:
             incident = await self._execute(incident)
         return incident
