@@ -625,6 +625,13 @@ class Responder:
                     f"({changed}): it was resubmitted or changed since; the plan is cancelled as stale and the "
                     "job left as it is"
                 )
+            refused = self.policy.restart_refused(
+                dataclasses.replace(self._ctx_light(incident, rc), lineage_restarts=_lineage_restarts(live)),
+                self.policy_state,
+                incident.id,
+            )
+            if refused is not None:
+                raise ActionBlocked(refused)
             body, resume = await self._replacement(incident, live, rc)
             params.update(
                 body=body,
@@ -870,6 +877,7 @@ class Responder:
             now=self.clock(),
             texts=tuple(texts),
             quarantined=quarantined,
+            lineage_restarts=_lineage_restarts(workload),
         )
 
     def _ctx_light(self, incident: Incident, rc: RootCause) -> PolicyContext:
@@ -991,6 +999,16 @@ def _stale(workload: Mapping[str, Any] | None, incident_id: str, d: DiagnosisEve
 def _annotation(obj: Mapping[str, Any], name: str) -> str | None:
     value = ((obj.get("metadata") or {}).get("annotations") or {}).get(name)
     return str(value) if value is not None else None
+
+
+def _lineage_restarts(workload: Mapping[str, Any] | None) -> int:
+    """How many times trainmedic recreated the workload's lineage (its trainmedic.io/restarts)."""
+    if workload is None:
+        return 0
+    try:
+        return max(0, int(_annotation(workload, "trainmedic.io/restarts") or 0))
+    except ValueError:
+        return len(wl.lineage(workload))
 
 
 def _identity(obj: Mapping[str, Any]) -> dict[str, Any]:

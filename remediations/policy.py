@@ -357,6 +357,9 @@ class EscalationRule(_Model):
 class RestartBudget(_Model):
     max: int = Field(ge=1, le=1000)
     window: Duration
+    # Restarts over a job's whole lineage (each recreation carries the count in trainmedic.io/restarts):
+    # a job failing just slower than the rate budget would otherwise be restarted forever.
+    lifetime_max: int = Field(10, ge=1, le=10_000)
 
 
 class Backoff(_Model):
@@ -570,6 +573,8 @@ class PolicyContext:
     # The nodes of `pool` that carry trainmedic's taint now, read from the cluster (None: unknown, the
     # recorded history counts instead). Every brain reads the same nodes, so every brain counts alike.
     quarantined: frozenset[str] | None = None
+    # How many times trainmedic recreated this job's lineage so far (its trainmedic.io/restarts).
+    lineage_restarts: int = 0
 
     def __post_init__(self) -> None:
         both = bool(self.opt_out or self.remediate_opt_out)
@@ -937,6 +942,16 @@ class Policy:
                 "The failed pods belong to no known workload: there is nothing to restart.",
                 "故障 Pod 不属于任何已知的工作负载：没有可以重启的对象。",
             )
+        if ctx.lineage_restarts >= budget.lifetime_max:
+            plan.page = True
+            why = _t(
+                f"Lifetime restart cap reached: {ctx.job_key} was already recreated {ctx.lineage_restarts} times "
+                f"(at most {budget.lifetime_max} per job lineage). It keeps failing: a person must look.",
+                f"已达重启次数上限：{ctx.job_key} 已被重建 {ctx.lineage_restarts} 次"
+                f"（每个作业谱系最多 {budget.lifetime_max} 次），作业反复失败，需要人工处理。",
+            )
+            blocked.append(why)
+            return why
         recent = state.times(EV_RESTART, ctx.job_key, ctx.now - budget.window)
         window = format_duration(budget.window)
         if len(recent) >= budget.max:
@@ -962,6 +977,15 @@ class Policy:
             blocked.append(why)
             return why
         return None
+
+    def restart_refused(self, ctx: PolicyContext, state: PolicyState, incident_id: str) -> I18nText | None:
+        """The restart budgets checked again when a planned restart is about to run (an approval may
+        come long after the plan): None when it may run, else why not."""
+        budget, backoff = self.budgets_for(ctx.namespace)
+        if incident_id and state.count(EV_DONE, f"{_incident_key(incident_id)}|restart", _EVER):
+            return None  # this incident's own restart, already counted
+        plan = Plan(incident_id=incident_id, mode=Mode.ENFORCE, matched="")
+        return self._check_restart(plan, ctx, state, budget, backoff, [])
 
     def _params(self, spec: ActionSpec, rc: RootCause, ctx: PolicyContext, quarantine: bool) -> dict[str, Any]:
         exclude = [ctx.node] if ctx.node and (quarantine or getattr(spec, "exclude_node", False)) else []

@@ -105,3 +105,41 @@ async def test_a_late_approval_after_a_resubmit_is_cancelled_as_stale(
     why = (incident.actions[0].result or {})["reason"]
     assert "not the job this plan was made for" in why and named in why
     assert any(e["kind"] == "stale" for e in h.store.timeline(incident.id))
+
+
+@pytest.mark.looptime
+async def test_a_job_failing_every_21_minutes_is_restarted_up_to_the_lifetime_cap(tmp_path: Path) -> None:
+    """Shipped budgets (3 per hour, backoff from 1m) never stop a job failing every ~21 min; the
+    lifetime cap (budgets.restarts.lifetime_max, 10 by default) does, and a person is paged."""
+    kube = cluster("llama")
+    clock = Clock()
+    h = harness(tmp_path, policy("budgets:\n  restarts: {max: 3, window: 1h}\n", actions=RESTART), kube, clock=clock)
+    statuses = []
+    for n in range(13):
+        incident = await h.handle(diagnosis("train", "llama", "gpu-0", t=clock.t, n=n))
+        statuses.append(incident.status)
+        clock.t += 21 * 60
+    assert len(kube.created) == 10
+    assert statuses[:10] == [IncidentStatus.RESOLVED] * 10
+    assert statuses[10:] == [IncidentStatus.BLOCKED] * 3
+    last = h.store.get(incident.id)
+    assert "Lifetime restart cap reached" in (last.plan or {})["blocked"]["en"]
+    assert (last.plan or {})["page"] is True
+
+
+@pytest.mark.parametrize(("restarts", "blocked"), [("9", False), ("10", True), ("25", True)])
+@pytest.mark.looptime
+async def test_the_lifetime_cap_is_checked_again_when_an_approved_restart_runs(
+    tmp_path: Path, restarts: str, blocked: bool
+) -> None:
+    kube = cluster("llama")
+    h = harness(tmp_path, policy(actions=RESTART, mode="approve"), kube)
+    incident = await h.handle(diagnosis("train", "llama", "gpu-0"))
+    assert incident.status is IncidentStatus.AWAITING_APPROVAL
+    # Meanwhile the job's lineage grew (the annotation is what a recreation carries).
+    kube.workloads[("Job", "train", "llama")]["metadata"]["annotations"]["trainmedic.io/restarts"] = restarts
+    h.store.approve(incident.id, by="sre")
+    await h.responder._execute_again(incident.id)
+    incident = h.store.get(incident.id)
+    assert incident.status is (IncidentStatus.BLOCKED if blocked else IncidentStatus.RESOLVED)
+    assert (kube.created == []) is blocked
