@@ -257,7 +257,11 @@ class ApiSettings(_Group):
     )
     token_env: str | None = Field(None, description="Name of an environment variable holding the bearer token.")
     token_file: str | None = Field(None, description="File holding the bearer token (a mounted Secret).")
-    read_auth: bool = Field(False, description="Require the token for reads (incidents, reports, /metrics) too.")
+    read_auth: bool = Field(
+        True,
+        description="Require the token for reads (incidents, reports, /metrics) too; false opens them to anyone "
+        "who reaches the port (an explicit choice; incidents hold job and node details).",
+    )
     allow_unauthenticated: bool = Field(
         False,
         description="With no token configured, accept state-changing calls from anyone (a laptop demo only); "
