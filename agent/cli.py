@@ -536,6 +536,10 @@ def _config(args: argparse.Namespace) -> int:
     except ConfigError as e:
         print(f"trainmedic: {e}", file=sys.stderr)
         return EXIT_UNUSABLE
-    # mode="json" turns SecretStr into "**********": secrets never reach the terminal.
-    sys.stdout.write(yaml.safe_dump(settings.model_dump(mode="json"), sort_keys=False, allow_unicode=True))
+    from agent.urlsafe import redact_config
+
+    # mode="json" turns SecretStr into "**********", and URLs lose their credentials (user info, query
+    # tokens, hook paths): secrets never reach the terminal.
+    shown = redact_config(settings.model_dump(mode="json"))
+    sys.stdout.write(yaml.safe_dump(shown, sort_keys=False, allow_unicode=True))
     return EXIT_OK

@@ -54,12 +54,15 @@ from agent.config import NotifySettings, SinkSettings
 from agent.outbox import Outbox, OutboxError, OutboxItem
 from agent.store import IncidentStore, StoreError
 from agent.telemetry import Telemetry
+from agent.urlsafe import install_log_filters
 from reports import payloads
 from reports.notice import Notice, NoticeError
 from trainmedic.errors import TrainmedicError
 from trainmedic.events import Event, IncidentEvent
 
 log = logging.getLogger("trainmedic.notify")
+# Webhook URLs carry credentials: no log record of httpx, httpcore or this module shows them.
+install_log_filters()
 
 DEDUP_HEADER = "X-Trainmedic-Dedup-Key"
 DEDUP_COUNT_HEADER = "X-Trainmedic-Dedup-Count"

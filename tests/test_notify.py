@@ -977,3 +977,36 @@ async def test_on_shutdown_the_agent_flushes_what_the_rate_limit_held_back(tmp_p
         assert [r.header("x-trainmedic-dedup-count") for r in rx.accepted] == ["1", "2"]
         with Outbox(s.remediate.store) as ob:
             assert ob.counts() == {"pending": 0, "delivered": 3, "dead": 0}
+
+
+# -- credentials in URLs never reach a log ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("status", [200, 404, 500])
+@pytest.mark.parametrize(
+    ("kind", "path"),
+    [
+        ("slack", "/services/T0SECRET1/B0SECRET2/HOOKSECRETHOOKSECRET"),
+        ("cloudevents", "/hook?token=QUERYSECRET&sig=QUERYSIG"),
+        ("feishu", "/open-apis/bot/v2/hook/HOOKSECRET-1234"),
+    ],
+)
+@pytest.mark.looptime
+@pytest.mark.asyncio
+async def test_no_logger_prints_url_credentials_across_a_real_delivery(
+    h: Harness, caplog: pytest.LogCaptureFixture, kind: str, path: str, status: int
+) -> None:
+    caplog.set_level(logging.DEBUG)  # the root logger, every logger under it
+    h.rx.default = Reply(status, OK_BODY[kind] if status == 200 else {"error": "x"})
+    host = h.rx.url.split("://", 1)[1]
+    url = f"http://hookuser:PASSWORDSECRET@{host}{path}"
+    extra = {"secret": SECRET} if kind in ("cloudevents", "feishu") else {}
+    n = await h.start(sink(kind, url, **extra), retry_initial_s=1, retry_max_s=2)
+    await n.enqueue(incident_event("inc-1", "failed"))
+    await h.rx.wait_for(1, accepted=False)
+    await asyncio.sleep(0.2)  # the answer is read and logged
+    text = caplog.text + "\n".join(r.getMessage() for r in caplog.records)
+    assert "HTTP Request" in text or "delivered" in text or "refused" in text or "retrying" in text
+    for secret in ("PASSWORDSECRET", "hookuser", "QUERYSECRET", "QUERYSIG", "HOOKSECRET", "T0SECRET1"):
+        assert secret not in text, f"{secret} was logged"
+    h.rx.default = Reply(200, OK_BODY[kind])  # let the retries end so the notifier stops at once
