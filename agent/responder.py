@@ -42,8 +42,11 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
+import hashlib
 import json
 import logging
+import os
+import re
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -60,6 +63,7 @@ from remediations import workloads as wl
 from remediations.errors import (
     ActionBlocked,
     FatalActionError,
+    PermanentActionError,
     StalePlan,
     TemporaryActionError,
     classify,
@@ -67,7 +71,7 @@ from remediations.errors import (
 from remediations.kube import ConflictError, KubeError, KubeOps, PermanentKubeError
 from remediations.policy import ActionName, Mode, Plan, Policy, PolicyContext
 from remediations.policy_state import PolicyState
-from remediations.scene import SceneInputs, SceneSettings, save_scene
+from remediations.scene import SceneInputs, SceneSettings, redact_object, save_scene
 from remediations.stacks import ExecResult, exec_in_pod
 from trainmedic.events import DiagnosisEvent, IncidentEvent, JobRef, Topic, make_event
 from trainmedic.models import I18nText, RootCause
@@ -86,6 +90,7 @@ _KINDS: tuple[tuple[str, str], ...] = (
     ("kubeflow.org/v1", "PyTorchJob"),
 )
 
+_UNSAFE_NAME = re.compile(r"[^A-Za-z0-9._-]")
 _RESTARTS = frozenset({ActionName.RESTART_FROM_CHECKPOINT, ActionName.RAISE_MEMORY_LIMIT})
 
 MetricsRange = Callable[[str, float, float, float], Awaitable[Mapping[str, list[tuple[float, float]]]]]
@@ -106,6 +111,11 @@ class ResponderSettings:
     # Checkpoint paths as the job declares them -> as this agent sees them (shared volume mounts).
     checkpoint_path_map: dict[str, str] = field(default_factory=dict)
     wait_gone_s: float = 120.0
+    # Where the full replacement body of a restart waits between the delete and the create (env
+    # values included): the agent's own state directory, mode 0600, never the incident store (served
+    # by the API, published to the sinks), which keeps the redacted body and a reference to this
+    # file. None: `restart-bodies` beside `scene_dir`.
+    body_dir: Path | None = None
     # A workload still terminating this long after its delete (a foreign finalizer, a long grace
     # period) is escalated to a person; the responder keeps waiting and creates the replacement
     # once it is gone (the journal keeps the body).
@@ -611,6 +621,7 @@ class Responder:
                 return
             if _annotation(live, "trainmedic.io/incident") == incident.id:
                 self.store.update_action(incident.id, action.seq, ActionState.DONE, result=_restart_result(live))
+                self._drop_body(params)
                 return
             planned_for = params.get("identity")
             now_is = _identity(live)
@@ -633,8 +644,10 @@ class Responder:
             if refused is not None:
                 raise ActionBlocked(refused)
             body, resume = await self._replacement(incident, live, rc)
+            ref = await asyncio.to_thread(self._save_body, incident.id, action.seq, body)
             params.update(
-                body=body,
+                body=redact_object(body),
+                body_ref=ref,
                 uid=live["metadata"].get("uid"),
                 api_version=live.get("apiVersion"),
                 kind=live.get("kind"),
@@ -642,9 +655,18 @@ class Responder:
             )
             params["deleting_since"] = self.clock()
             self.store.update_action(incident.id, action.seq, ActionState.DELETING, params=params)
-            await self.kube.delete_workload(live, propagation="Foreground")
             state = ActionState.DELETING
         if state is ActionState.DELETING:
+            # Again after a crash (the journal said deleting, the delete may not have been sent):
+            # idempotent, and the uid precondition never touches another incarnation.
+            await self.kube.delete_workload(
+                {
+                    "apiVersion": params["api_version"],
+                    "kind": params["kind"],
+                    "metadata": {"namespace": job.namespace, "name": job.name, "uid": params.get("uid")},
+                },
+                propagation="Foreground",
+            )
             gone = await self.kube.wait_gone(
                 params["api_version"],
                 params["kind"],
@@ -657,7 +679,13 @@ class Responder:
                 self._still_terminating(params, job)
             self.store.update_action(incident.id, action.seq, ActionState.CREATING)
         try:
-            created = await self.kube.create_workload(body)
+            # Our own create may have landed before a crash: then the body is not needed again.
+            mine = await self.kube.get_workload(params["api_version"], params["kind"], job.namespace, job.name)
+            if mine is not None and _annotation(mine, "trainmedic.io/incident") == incident.id:
+                created = mine
+            else:
+                full = await asyncio.to_thread(self._load_body, params)
+                created = await self.kube.create_workload(full)
         except ConflictError:
             existing = await self.kube.get_workload(params["api_version"], params["kind"], job.namespace, job.name)
             if existing is None:
@@ -677,6 +705,7 @@ class Responder:
                 ) from None
         self.policy.commit_restart(self._ctx_light(incident, rc), self.policy_state, incident_id=incident.id)
         self.store.update_action(incident.id, action.seq, ActionState.DONE, result=_restart_result(created))
+        self._drop_body(params)
         log.info(
             "incident %s: %s %s/%s recreated from %s, excluding %s",
             incident.id,
@@ -686,6 +715,56 @@ class Responder:
             params.get("checkpoint") or "no checkpoint",
             ", ".join(params.get("excluded_nodes") or []) or "no node",
         )
+
+    # -- the replacement body, kept out of the incident store --
+
+    @property
+    def body_dir(self) -> Path:
+        return self.settings.body_dir or self.settings.scene_dir.parent / "restart-bodies"
+
+    def _save_body(self, incident_id: str, seq: int, body: Mapping[str, Any]) -> dict[str, Any]:
+        """Write the full body durably (0600) before the journal says `deleting`; the reference."""
+        self.body_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        name = f"{_UNSAFE_NAME.sub('_', incident_id)[:200]}.{seq}.json"
+        data = json.dumps(body, ensure_ascii=False, sort_keys=True).encode()
+        tmp = self.body_dir / f".{name}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, self.body_dir / name)
+        with contextlib.suppress(OSError):
+            dfd = os.open(self.body_dir, os.O_RDONLY)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+        return {"file": name, "sha256": hashlib.sha256(data).hexdigest()}
+
+    def _load_body(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        ref = params.get("body_ref")
+        if not ref:
+            return dict(params["body"])  # a journal written before bodies were kept apart
+        path = self.body_dir / str(ref["file"])
+        try:
+            data = path.read_bytes()
+        except OSError as e:
+            raise PermanentActionError(
+                f"the replacement body {path} is unreadable ({e}); the job was deleted: recreate it by hand from "
+                "the redacted body in the incident and the scene's objects"
+            ) from e
+        if hashlib.sha256(data).hexdigest() != ref.get("sha256"):
+            raise PermanentActionError(f"the replacement body {path} does not match its journal checksum")
+        body: dict[str, Any] = json.loads(data)
+        return body
+
+    def _drop_body(self, params: Mapping[str, Any]) -> None:
+        ref = params.get("body_ref")
+        if ref:
+            with contextlib.suppress(OSError):
+                (self.body_dir / str(ref["file"])).unlink()
 
     def _still_terminating(self, params: Mapping[str, Any], job: JobRef) -> NoReturn:
         """The deleted original has not gone yet: wait on (the journal keeps the replacement body),

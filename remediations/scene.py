@@ -514,6 +514,12 @@ def _redact_obj(obj: Any, settings: SceneSettings, counter: list[int], redactor:
     return str(obj)
 
 
+def redact_object(obj: Any, settings: SceneSettings | None = None) -> Any:
+    """A copy of a JSON-like object as the scene writes objects: env values masked unless they only
+    configure the job, every string through the text redaction, secret flags' values in args."""
+    return _redact_obj(obj, settings or SceneSettings(), [0], _redactor())
+
+
 def _env_allowed(name: str, settings: SceneSettings) -> bool:
     if _SECRET_NAME.search(name):
         return False

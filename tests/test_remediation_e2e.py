@@ -383,7 +383,7 @@ async def test_a_pipeline_incident_reaches_every_sink_has_reports_and_is_served_
                     json={"by": "someone"},
                     headers={"Authorization": f"Bearer {token}"},
                 )
-                metrics = await api.get("/metrics")
+                metrics = await api.get("/metrics", headers=bearer)
             await until("the report files", (env.tmp / "scenes" / incident_id / "report.zh.html").is_file)
         finally:
             await run.stop()

@@ -64,6 +64,10 @@ def job(namespace: str, name: str, **annotations: str) -> dict[str, Any]:
     }
 
 
+class Crash(BaseException):
+    """The agent dies here (not an error any handler catches)."""
+
+
 @dataclass
 class FakeKube:
     nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -73,6 +77,8 @@ class FakeKube:
     created: list[dict[str, Any]] = field(default_factory=list)
     deleted: list[str] = field(default_factory=list)
     quarantines: list[str] = field(default_factory=list)
+    # Where the agent dies once: before_delete, after_delete, before_create, after_create.
+    crash_at: str | None = None
     api: Any = None
     _gen: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
@@ -127,8 +133,14 @@ class FakeKube:
         obj = self.workloads.get((kind, namespace, name))
         return copy.deepcopy(obj) if obj else None
 
+    def _crash(self, where: str) -> None:
+        if self.crash_at == where:
+            self.crash_at = None
+            raise Crash(where)
+
     async def delete_workload(self, obj: Mapping[str, Any], *, propagation: str = "Background") -> bool:
         await self._rtt()
+        self._crash("before_delete")
         meta = obj["metadata"]
         key = (str(obj["kind"]), meta["namespace"], meta["name"])
         current = self.workloads.get(key)
@@ -139,6 +151,7 @@ class FakeKube:
             current["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
         else:
             del self.workloads[key]
+        self._crash("after_delete")
         return True
 
     async def wait_gone(
@@ -150,6 +163,7 @@ class FakeKube:
 
     async def create_workload(self, body: Mapping[str, Any]) -> dict[str, Any]:
         await self._rtt()
+        self._crash("before_create")
         meta = body["metadata"]
         key = (str(body["kind"]), meta["namespace"], meta["name"])
         if key in self.workloads:
@@ -159,6 +173,7 @@ class FakeKube:
             obj["metadata"].pop(f, None)
         self.add(obj)
         self.created.append(obj)
+        self._crash("after_create")
         return copy.deepcopy(obj)
 
     # -- pods, logs, events: the jobs of these tests have no pods --

@@ -3,10 +3,11 @@ only on the job it was made for, and the lifetime cap of a lineage."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
-from respfix import FakeKube, diagnosis, harness, job, node, policy
+from respfix import Crash, FakeKube, diagnosis, harness, job, node, policy
 
 from agent.store import ActionState, IncidentStatus
 
@@ -143,3 +144,53 @@ async def test_the_lifetime_cap_is_checked_again_when_an_approved_restart_runs(
     incident = h.store.get(incident.id)
     assert incident.status is (IncidentStatus.BLOCKED if blocked else IncidentStatus.RESOLVED)
     assert (kube.created == []) is blocked
+
+
+SECRETS = ("wandb-secret-value", "hf_secretvalue")
+
+
+@pytest.mark.looptime
+async def test_the_journal_and_the_api_never_hold_env_values(tmp_path: Path) -> None:
+    kube = cluster("llama")
+    h = harness(tmp_path, policy(actions=RESTART), kube)
+    incident = await h.handle(diagnosis("train", "llama", "gpu-0"))
+    assert incident.status is IncidentStatus.RESOLVED
+    # The replacement has the job's real settings ...
+    (created,) = kube.created
+    container = created["spec"]["template"]["spec"]["containers"][0]
+    assert container["env"][0]["value"] == "wandb-secret-value" and "hf_secretvalue" in container["args"]
+    # ... the incident (what the API serves and the sinks get) only a redacted body and a reference.
+    text = json.dumps(h.store.get(incident.id).as_dict())
+    params = h.store.get(incident.id).actions[0].params
+    assert params["body_ref"]["file"] and params["body"]["metadata"]["name"] == "llama"
+    db = (tmp_path / "incidents.db").read_bytes() + b"".join(
+        p.read_bytes() for p in tmp_path.glob("incidents.db-*") if p.is_file()
+    )
+    for secret in SECRETS:
+        assert secret not in text
+        assert secret.encode() not in db
+    # The full body lived in the agent's own directory only until the create.
+    assert list((tmp_path / "restart-bodies").glob("*.json")) == []
+
+
+@pytest.mark.parametrize("crash_at", ["before_delete", "after_delete", "before_create", "after_create"])
+@pytest.mark.looptime
+async def test_resume_after_a_crash_at_each_journal_step_recreates_exactly_once(tmp_path: Path, crash_at: str) -> None:
+    kube = cluster("llama")
+    original = kube.workloads[("Job", "train", "llama")]["metadata"]["uid"]
+    kube.crash_at = crash_at
+    h = harness(tmp_path, policy(actions=RESTART), kube)
+    with pytest.raises(Crash):
+        await h.handle(diagnosis("train", "llama", "gpu-0"))
+    h.store.close()
+
+    # A new agent over the same store and state directory resumes the journal.
+    again = harness(tmp_path, policy(actions=RESTART), kube)
+    await again.responder.resume()
+    (incident,) = again.store.recent()
+    assert incident.status is IncidentStatus.RESOLVED, incident.actions[0].result
+    assert len(kube.created) == 1
+    assert kube.deleted == [original]
+    live = kube.workloads[("Job", "train", "llama")]
+    assert live["metadata"]["annotations"]["trainmedic.io/incident"] == incident.id
+    assert live["spec"]["template"]["spec"]["containers"][0]["env"][0]["value"] == "wandb-secret-value"
