@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -244,9 +245,19 @@ def _diagnose(args: argparse.Namespace) -> int:
         json.dump(diagnosis.contract_dict(args.lang), sys.stdout, ensure_ascii=False)
         sys.stdout.write("\n")
     else:
-        sys.stdout.write(render(diagnosis, args.format, args.lang))
+        sys.stdout.write(terminal_safe(render(diagnosis, args.format, args.lang)))
     sys.stdout.flush()
     return EXIT_OK
+
+
+# C0 controls but tab and newline, DEL, and the C1 controls (U+0080-U+009F: a terminal reads U+009B
+# as CSI, the start of an escape sequence): log text must not drive the reader's terminal.
+_TERMINAL_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def terminal_safe(text: str) -> str:
+    """`text` without the control characters a terminal would act on."""
+    return _TERMINAL_UNSAFE.sub("", text)
 
 
 def _diagnose_scene(scene_dir: Path, engine: Engine) -> Diagnosis:

@@ -326,9 +326,10 @@ class IncidentStore:
         with self._lock:
             row = self._db.execute(f"SELECT {_INCIDENT_COLUMNS} FROM incidents WHERE id = ?", (incident_id,)).fetchone()
             if row is None and len(incident_id) >= 4:
+                # The prefix is compared as it is: no LIKE, so `_` and `%` are not wildcards.
                 rows = self._db.execute(
-                    f"SELECT {_INCIDENT_COLUMNS} FROM incidents WHERE id LIKE ? LIMIT 2",
-                    (incident_id + "%",),
+                    f"SELECT {_INCIDENT_COLUMNS} FROM incidents WHERE substr(id, 1, ?) = ? LIMIT 2",
+                    (len(incident_id), incident_id),
                 ).fetchall()
                 row = rows[0] if len(rows) == 1 else None
             if row is None:
