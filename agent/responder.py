@@ -19,7 +19,9 @@ saved):
 3. the policy decides (mode, budgets, backoff, frequency escalation, circuit breaker) and the plan is
    recorded with its actions, whatever the mode: observe / dry-run stop here, approve waits for a
    person (`trainmedic approve`), enforce goes on;
-4. each action runs in order, journalled in the store *before* the cluster changes. Restart from
+4. each action runs in order, journalled in the store *before* the cluster changes; its code is
+   its own module (remediations/actions/<name>.py, the registry `ACTIONS`): this module keeps the
+   per-key queues and the incident's state machine. Restart from
    checkpoint records the replacement body, then `deleting`, deletes the original (uid precondition),
    waits until it is gone, records `creating`, creates the replacement. Killed at any point, the
    agent resumes the journal at start: the replacement is created exactly once (a 409 whose object
@@ -52,7 +54,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any
 
 from agent.bus.base import Bus, OffsetTracker, Record, TopicPartition
 from agent.bus.dlq import decode_record
@@ -60,6 +62,8 @@ from agent.store import TERMINAL, ActionRecord, ActionState, Incident, IncidentS
 from agent.telemetry import Telemetry
 from remediations import checkpoints as ckpt
 from remediations import workloads as wl
+from remediations.actions import ACTIONS, ActionCall, Entry
+from remediations.actions.restart_from_checkpoint import identity, lineage_restarts
 from remediations.errors import (
     ActionBlocked,
     FatalActionError,
@@ -68,10 +72,10 @@ from remediations.errors import (
     TemporaryActionError,
     classify,
 )
-from remediations.kube import ConflictError, KubeError, KubeOps, PermanentKubeError
+from remediations.kube import KubeError, KubeOps, PermanentKubeError
 from remediations.policy import ActionName, Mode, Plan, Policy, PolicyContext
 from remediations.policy_state import PolicyState
-from remediations.scene import SceneInputs, SceneSettings, redact_object, save_scene
+from remediations.scene import SceneInputs, SceneSettings, save_scene
 from remediations.stacks import ExecResult, exec_in_pod
 from trainmedic.events import DiagnosisEvent, IncidentEvent, JobRef, Topic, make_event
 from trainmedic.models import I18nText, RootCause
@@ -394,9 +398,12 @@ class Responder:
             self.policy.commit_breaker(ctx, self.policy_state, incident_id=incident.id)
         if self.settings.mode is not None:
             plan.mode = self.settings.mode
-        identity = _identity(workload) if workload is not None else None
+        planned_for = identity(workload) if workload is not None else None
         actions = [
-            (a.name.value, dict(a.params, identity=identity) if a.name in _RESTARTS and identity else dict(a.params))
+            (
+                a.name.value,
+                dict(a.params, identity=planned_for) if a.name in _RESTARTS and planned_for else dict(a.params),
+            )
             for a in plan.actions
         ]
         await asyncio.to_thread(self.store.set_plan, incident.id, plan.as_dict(), plan.mode.value, actions)
@@ -545,176 +552,10 @@ class Responder:
         return current.value if current is not ActionState.PLANNED else ActionState.RUNNING.value
 
     async def _run_action(self, incident: Incident, action: ActionRecord, rc: RootCause) -> None:
-        name = ActionName(action.name)
-        if name is ActionName.NOTIFY:
-            self.store.update_action(
-                incident.id, action.seq, ActionState.DONE, result={"published": Topic.INCIDENTS.value}
-            )
-        elif name is ActionName.QUARANTINE_NODE:
-            await self._quarantine(incident, action, rc)
-        elif name in (ActionName.RESTART_FROM_CHECKPOINT, ActionName.RAISE_MEMORY_LIMIT):
-            await self._restart(incident, action, rc)
-
-    async def _quarantine(self, incident: Incident, action: ActionRecord, rc: RootCause) -> None:
-        node = action.params.get("node") or rc.node
-        if not node:
-            self.store.update_action(
-                incident.id, action.seq, ActionState.SKIPPED, result={"reason": "the fault is not localised to a node"}
-            )
-            return
-        self.store.update_action(incident.id, action.seq, ActionState.RUNNING, params=dict(action.params, node=node))
-        # The breaker is checked again now, against the cluster's own count, and the node's place is
-        # reserved in the same atomic step: reserve, act, commit (or release when nothing was written).
-        nodes = await self.kube.list_nodes()
-        pool, pool_size = self.policy.pool_of(node, nodes)
-        ctx = dataclasses.replace(
-            self._ctx_light(incident, rc),
-            node=node,
-            pool=pool,
-            pool_size=pool_size,
-            quarantined=self.policy.pool_quarantined(node, nodes),
-        )
-        refused = self.policy.reserve_quarantine(node, ctx, self.policy_state, incident_id=incident.id)
-        if refused is not None:
-            raise ActionBlocked(refused)
-        try:
-            result = await self.kube.quarantine_node(
-                node, incident_id=incident.id, fault_class=rc.fault_class.value, reason=rc.summary.en
-            )
-        except BaseException:
-            self.policy.release_quarantine(node, ctx, self.policy_state)
-            raise
-        self.policy.commit_quarantine(node, ctx, self.policy_state, incident_id=incident.id)
-        self.store.update_action(
-            incident.id,
-            action.seq,
-            ActionState.DONE,
-            result={"node": node, "changed": result.changed, "already_by": result.already_by},
-        )
-
-    async def _restart(self, incident: Incident, action: ActionRecord, rc: RootCause) -> None:
-        """Recreate the workload from its last complete checkpoint, bad nodes excluded; exactly once."""
-        params = dict(action.params)
-        job = _job_of(incident)
-        if job is None:
-            self.store.update_action(
-                incident.id, action.seq, ActionState.SKIPPED, result={"reason": "the incident has no workload"}
-            )
-            return
-        memory_only = ActionName(action.name) is ActionName.RAISE_MEMORY_LIMIT
-        if memory_only and self._restart_in_plan(incident, action.seq):
-            self.store.update_action(
-                incident.id, action.seq, ActionState.SKIPPED, result={"reason": "applied by the restart action"}
-            )
-            return
-        state = self.store.get(incident.id).actions[action.seq].state
-        body: dict[str, Any] | None = params.get("body")
-        if state in (ActionState.PLANNED, ActionState.RUNNING) or body is None:
-            live = await self._workload(job)
-            if live is None:
-                self.store.update_action(
-                    incident.id,
-                    action.seq,
-                    ActionState.FAILED,
-                    result={"error": f"workload {job.namespace}/{job.name} not found; nothing was deleted"},
-                )
-                return
-            if _annotation(live, "trainmedic.io/incident") == incident.id:
-                self.store.update_action(incident.id, action.seq, ActionState.DONE, result=_restart_result(live))
-                self._drop_body(params)
-                return
-            planned_for = params.get("identity")
-            now_is = _identity(live)
-            if planned_for and planned_for != now_is:
-                changed = ", ".join(
-                    f"{k} {planned_for.get(k)} -> {now_is.get(k)}"
-                    for k in now_is
-                    if planned_for.get(k) != now_is.get(k)
-                )
-                raise StalePlan(
-                    f"{live.get('kind')} {job.namespace}/{job.name} is not the job this plan was made for "
-                    f"({changed}): it was resubmitted or changed since; the plan is cancelled as stale and the "
-                    "job left as it is"
-                )
-            refused = self.policy.restart_refused(
-                dataclasses.replace(self._ctx_light(incident, rc), lineage_restarts=_lineage_restarts(live)),
-                self.policy_state,
-                incident.id,
-            )
-            if refused is not None:
-                raise ActionBlocked(refused)
-            body, resume = await self._replacement(incident, live, rc)
-            ref = await asyncio.to_thread(self._save_body, incident.id, action.seq, body)
-            params.update(
-                body=redact_object(body),
-                body_ref=ref,
-                uid=live["metadata"].get("uid"),
-                api_version=live.get("apiVersion"),
-                kind=live.get("kind"),
-                **resume,
-            )
-            params["deleting_since"] = self.clock()
-            self.store.update_action(incident.id, action.seq, ActionState.DELETING, params=params)
-            state = ActionState.DELETING
-        if state is ActionState.DELETING:
-            # Again after a crash (the journal said deleting, the delete may not have been sent):
-            # idempotent, and the uid precondition never touches another incarnation.
-            await self.kube.delete_workload(
-                {
-                    "apiVersion": params["api_version"],
-                    "kind": params["kind"],
-                    "metadata": {"namespace": job.namespace, "name": job.name, "uid": params.get("uid")},
-                },
-                propagation="Foreground",
-            )
-            gone = await self.kube.wait_gone(
-                params["api_version"],
-                params["kind"],
-                job.namespace,
-                job.name,
-                uid=params.get("uid"),
-                timeout_s=self.settings.wait_gone_s,
-            )
-            if not gone:
-                self._still_terminating(params, job)
-            self.store.update_action(incident.id, action.seq, ActionState.CREATING)
-        try:
-            # Our own create may have landed before a crash: then the body is not needed again.
-            mine = await self.kube.get_workload(params["api_version"], params["kind"], job.namespace, job.name)
-            if mine is not None and _annotation(mine, "trainmedic.io/incident") == incident.id:
-                created = mine
-            else:
-                full = await asyncio.to_thread(self._load_body, params)
-                created = await self.kube.create_workload(full)
-        except ConflictError:
-            existing = await self.kube.get_workload(params["api_version"], params["kind"], job.namespace, job.name)
-            if existing is None:
-                raise TemporaryActionError(
-                    f"{params['kind']} {job.namespace}/{job.name}: the create met an object that is gone now"
-                ) from None
-            if _annotation(existing, "trainmedic.io/incident") == incident.id:
-                created = existing  # our own journalled create landed before: success
-            elif (existing.get("metadata") or {}).get("uid") == params.get("uid"):
-                # The original is still there (terminating): back to waiting for it to go.
-                self.store.update_action(incident.id, action.seq, ActionState.DELETING)
-                self._still_terminating(params, job)
-            else:
-                raise PermanentKubeError(
-                    f"{params['kind']} {job.namespace}/{job.name} was recreated by someone else meanwhile; "
-                    "left as it is"
-                ) from None
-        self.policy.commit_restart(self._ctx_light(incident, rc), self.policy_state, incident_id=incident.id)
-        self.store.update_action(incident.id, action.seq, ActionState.DONE, result=_restart_result(created))
-        self._drop_body(params)
-        log.info(
-            "incident %s: %s %s/%s recreated from %s, excluding %s",
-            incident.id,
-            params["kind"],
-            job.namespace,
-            job.name,
-            params.get("checkpoint") or "no checkpoint",
-            ", ".join(params.get("excluded_nodes") or []) or "no node",
-        )
+        """The action's own module runs it (remediations/actions), against this incident's journal."""
+        entry = Entry(action.seq, action.name, action.state.value, dict(action.params), action.result)
+        journal = _StoreJournal(self.store, incident.id)
+        await ACTIONS[action.name].run(ActionCall(journal, entry, rc, _job_of(incident), self))
 
     # -- the replacement body, kept out of the incident store --
 
@@ -722,7 +563,7 @@ class Responder:
     def body_dir(self) -> Path:
         return self.settings.body_dir or self.settings.scene_dir.parent / "restart-bodies"
 
-    def _save_body(self, incident_id: str, seq: int, body: Mapping[str, Any]) -> dict[str, Any]:
+    def save_body(self, incident_id: str, seq: int, body: Mapping[str, Any]) -> dict[str, Any]:
         """Write the full body durably (0600) before the journal says `deleting`; the reference."""
         self.body_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         name = f"{_UNSAFE_NAME.sub('_', incident_id)[:200]}.{seq}.json"
@@ -743,7 +584,7 @@ class Responder:
                 os.close(dfd)
         return {"file": name, "sha256": hashlib.sha256(data).hexdigest()}
 
-    def _load_body(self, params: Mapping[str, Any]) -> dict[str, Any]:
+    def load_body(self, params: Mapping[str, Any]) -> dict[str, Any]:
         ref = params.get("body_ref")
         if not ref:
             return dict(params["body"])  # a journal written before bodies were kept apart
@@ -760,32 +601,20 @@ class Responder:
         body: dict[str, Any] = json.loads(data)
         return body
 
-    def _drop_body(self, params: Mapping[str, Any]) -> None:
+    def drop_body(self, params: Mapping[str, Any]) -> None:
         ref = params.get("body_ref")
         if ref:
             with contextlib.suppress(OSError):
                 (self.body_dir / str(ref["file"])).unlink()
 
-    def _still_terminating(self, params: Mapping[str, Any], job: JobRef) -> NoReturn:
-        """The deleted original has not gone yet: wait on (the journal keeps the replacement body),
-        and past `gone_deadline_s` tell a person, still waiting."""
-        since = float(params.get("deleting_since") or self.clock())
-        waited = self.clock() - since
-        raise TemporaryActionError(
-            f"{params['kind']} {job.namespace}/{job.name} is still terminating {waited:.0f} s after its delete "
-            "(a finalizer or a long grace period holds it); its replacement is created once it is gone",
-            delay=self.settings.retry_after_s,
-            escalate=waited >= self.settings.gone_deadline_s,
-        )
+    async def find_workload(self, job: JobRef) -> dict[str, Any] | None:
+        return await self._workload(job)
 
-    def _restart_in_plan(self, incident: Incident, seq: int) -> bool:
-        return any(
-            a.name == ActionName.RESTART_FROM_CHECKPOINT.value and a.seq != seq
-            for a in self.store.get(incident.id).actions
-        )
+    def policy_context(self, incident_id: str, rc: RootCause) -> PolicyContext:
+        return self._ctx_light(self.store.get(incident_id), rc)
 
-    async def _replacement(
-        self, incident: Incident, live: dict[str, Any], rc: RootCause
+    async def replacement(
+        self, incident_id: str, live: dict[str, Any], rc: RootCause
     ) -> tuple[dict[str, Any], dict[str, Any]]:
         """The body that replaces `live`, and what went into it (checkpoint, excluded nodes, memory)."""
         spec = wl.resume_spec(live)
@@ -795,15 +624,15 @@ class Responder:
             checkpoint = await asyncio.to_thread(ckpt.latest_complete, local)
             if checkpoint is not None and local != spec.checkpoint_dir:
                 checkpoint = dataclasses.replace(checkpoint, path=spec.checkpoint_dir + checkpoint.path[len(local) :])
-        exclude = set(await self._bad_nodes(incident, rc))
+        exclude = set(await self._bad_nodes(incident_id, rc))
         memory: dict[str, Any] = {}
-        for a in self.store.get(incident.id).actions:
+        for a in self.store.get(incident_id).actions:
             if a.name == ActionName.RAISE_MEMORY_LIMIT.value and a.params.get("max_bytes"):
                 memory = {"memory_factor": float(a.params["factor"]), "memory_cap_bytes": int(a.params["max_bytes"])}
             exclude.update(str(n) for n in a.params.get("exclude_nodes") or [])
         body = wl.recreate_body(
             live,
-            incident_id=incident.id,
+            incident_id=incident_id,
             checkpoint=checkpoint,
             exclude_nodes=sorted(exclude),
             now=self.clock(),
@@ -817,11 +646,11 @@ class Responder:
             "memory": memory or None,
         }
 
-    async def _bad_nodes(self, incident: Incident, rc: RootCause) -> list[str]:
+    async def _bad_nodes(self, incident_id: str, rc: RootCause) -> list[str]:
         """Nodes the replacement must avoid: the ones this incident quarantined, and every node
         trainmedic holds in quarantine (the taint keeps pods off them too; affinity says it again)."""
         nodes = set()
-        for a in self.store.get(incident.id).actions:
+        for a in self.store.get(incident_id).actions:
             if a.name == ActionName.QUARANTINE_NODE.value and a.state is ActionState.DONE and a.result:
                 node = a.result.get("node")
                 if node:
@@ -956,7 +785,7 @@ class Responder:
             now=self.clock(),
             texts=tuple(texts),
             quarantined=quarantined,
-            lineage_restarts=_lineage_restarts(workload),
+            lineage_restarts=lineage_restarts(workload),
         )
 
     def _ctx_light(self, incident: Incident, rc: RootCause) -> PolicyContext:
@@ -1012,6 +841,23 @@ class Responder:
             log.warning("incident %s: the report could not be written: %s", incident_id, e)
             return
         self.store.note(incident_id, "report", {"files": sorted(str(p) for p in paths.values())})
+
+
+class _StoreJournal:
+    """The incident store as an action's journal (remediations/actions/base.py: Journal)."""
+
+    def __init__(self, store: IncidentStore, incident_id: str) -> None:
+        self.store = store
+        self.incident_id = incident_id
+
+    def entries(self) -> list[Entry]:
+        actions = self.store.get(self.incident_id).actions
+        return [Entry(a.seq, a.name, a.state.value, dict(a.params), a.result) for a in actions]
+
+    def update(
+        self, seq: int, state: str, *, params: Mapping[str, Any] | None = None, result: Mapping[str, Any] | None = None
+    ) -> None:
+        self.store.update_action(self.incident_id, seq, ActionState(state), params=params, result=result)
 
 
 class _SceneSource:
@@ -1078,34 +924,6 @@ def _stale(workload: Mapping[str, Any] | None, incident_id: str, d: DiagnosisEve
 def _annotation(obj: Mapping[str, Any], name: str) -> str | None:
     value = ((obj.get("metadata") or {}).get("annotations") or {}).get(name)
     return str(value) if value is not None else None
-
-
-def _lineage_restarts(workload: Mapping[str, Any] | None) -> int:
-    """How many times trainmedic recreated the workload's lineage (its trainmedic.io/restarts)."""
-    if workload is None:
-        return 0
-    try:
-        return max(0, int(_annotation(workload, "trainmedic.io/restarts") or 0))
-    except ValueError:
-        return len(wl.lineage(workload))
-
-
-def _identity(obj: Mapping[str, Any]) -> dict[str, Any]:
-    """Which incarnation of a workload this is: a resubmitted job has another uid and creation time, an
-    edited one another generation."""
-    meta = obj.get("metadata") or {}
-    return {k: meta.get(k) for k in ("uid", "creationTimestamp", "generation")}
-
-
-def _restart_result(obj: Mapping[str, Any]) -> dict[str, Any]:
-    meta = obj.get("metadata") or {}
-    return {
-        "workload": f"{obj.get('kind')}/{meta.get('namespace')}/{meta.get('name')}",
-        "uid": meta.get("uid"),
-        "resumed_from": _annotation(obj, "trainmedic.io/resumed-from"),
-        "excluded_nodes": [n for n in (_annotation(obj, "trainmedic.io/excluded-nodes") or "").split(",") if n],
-        "restarts": _annotation(obj, "trainmedic.io/restarts"),
-    }
 
 
 def _job_of(incident: Incident) -> JobRef | None:
