@@ -1285,3 +1285,26 @@ async def test_the_agent_keeps_running_when_its_port_is_taken(tmp_path: Path, ca
         finally:
             agent.stop.set()
             await asyncio.wait_for(task, 20)
+
+
+@pytest.mark.parametrize("path", ["/api/v1/incidents/{id}", "/api/v1/incidents"])
+@pytest.mark.asyncio
+async def test_an_old_journal_with_env_values_is_served_redacted(engine: Engine, tmp_path: Path, path: str) -> None:
+    """A restart journalled before bodies were kept apart held the live spec; the API masks it."""
+    s = IncidentStore(tmp_path / "old.db", clock=Clock())
+    body = {
+        "kind": "Job",
+        "spec": {"template": {"spec": {"containers": [{
+            "name": "t",
+            "env": [{"name": "WANDB_API_KEY", "value": "wandb-secret-value"}],
+            "args": ["--hf_token", "hf_secretvalue"],
+        }]}}},
+    }  # fmt: skip
+    s.open_incident("c0ffee00", key="job:train/llama", diagnosis={}, revision=1)
+    s.set_plan("c0ffee00", {}, "enforce", [("restart_from_checkpoint", {"body": body})])
+    async with client(make_app(engine, s)) as c:
+        r = await c.get(path.format(id="c0ffee00"))
+    s.close()
+    assert r.status_code == 200
+    assert "wandb-secret-value" not in r.text and "hf_secretvalue" not in r.text
+    assert "WANDB_API_KEY" in r.text
