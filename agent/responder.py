@@ -282,7 +282,7 @@ class Responder:
         interrupted (a workload deleted but not yet recreated), or a final diagnosis whose scene or
         plan was not finished (with the memory bus, the diagnosis itself is gone with the process)."""
         for incident in self.store.unfinished():
-            if incident.status is IncidentStatus.ACTING:
+            if self._carrying_on(incident):
                 log.info("resuming incident %s (%s): actions were interrupted", incident.id, incident.key)
                 await self._execute(incident)
             elif incident.status is IncidentStatus.OPEN and incident.diagnosis.get("final"):
@@ -290,11 +290,20 @@ class Responder:
                 d = DiagnosisEvent.model_validate(incident.diagnosis)
                 await self.handle(d, key=incident.key)
 
+    @staticmethod
+    def _carrying_on(incident: Incident) -> bool:
+        """Acting, or blocked with its journal still under way (escalated while it waits)."""
+        if incident.status is IncidentStatus.ACTING:
+            return True
+        return incident.status is IncidentStatus.BLOCKED and any(
+            a.state in (ActionState.RUNNING, ActionState.DELETING, ActionState.CREATING) for a in incident.actions
+        )
+
     async def poll_store(self) -> None:
         """Approved plans (a person ran `trainmedic approve`) and actions waiting for a retry, each run
         on its job's worker so it never races with that job's other work."""
         for incident in self.store.unfinished():
-            if incident.status is not IncidentStatus.ACTING or not self.owns(incident):
+            if not self._carrying_on(incident) or not self.owns(incident):
                 continue
             if incident.id in self._scheduled:
                 continue
@@ -307,7 +316,7 @@ class Responder:
     async def _execute_again(self, incident_id: str) -> None:
         try:
             incident = self.store.get(incident_id)
-            if incident.status is IncidentStatus.ACTING:
+            if self._carrying_on(incident):
                 await self._execute(incident)
         finally:
             self._scheduled.discard(incident_id)
@@ -485,8 +494,12 @@ class Responder:
                         },
                     )
                     if err.escalate and not escalated:
+                        # A person is told (blocked: a person must look) while the journal goes on.
                         self.store.note(
                             incident.id, "escalated", {"action": action.name, "why": str(err), "page": True}
+                        )
+                        self.store.set_status(
+                            incident.id, IncidentStatus.BLOCKED, {"page": True, "still_waiting": True, "why": str(err)}
                         )
                         await self._publish(self.store.get(incident.id), rc)
                     log.warning("incident %s: %s will be retried in %.0f s: %s", incident.id, action.name, delay, err)

@@ -361,11 +361,20 @@ class IncidentStore:
             return out
 
     def unfinished(self) -> list[Incident]:
-        """Incidents the responder must carry on with: acting (an action was interrupted) or approved."""
+        """Incidents the responder must carry on with: acting (an action was interrupted) or approved, and
+        blocked ones whose journal is still under way (a person was told; the restart still waits for the
+        old workload to go)."""
         with self._lock:
             rows = self._db.execute(
-                f"SELECT {_INCIDENT_COLUMNS} FROM incidents WHERE status IN (?, ?) ORDER BY created",
-                (IncidentStatus.ACTING.value, IncidentStatus.OPEN.value),
+                f"SELECT {_INCIDENT_COLUMNS} FROM incidents WHERE status IN (?, ?) OR (status = ? AND EXISTS "
+                "(SELECT 1 FROM actions a WHERE a.incident_id = incidents.id AND a.state IN (?, ?, ?))) "
+                "ORDER BY created",
+                (
+                    IncidentStatus.ACTING.value,
+                    IncidentStatus.OPEN.value,
+                    IncidentStatus.BLOCKED.value,
+                    *sorted(s.value for s in UNFINISHED_ACTIONS),
+                ),
             ).fetchall()
             out = [self._incident(r) for r in rows]
         for inc in out:

@@ -49,9 +49,12 @@ async def test_a_job_still_terminating_is_waited_for_and_then_replaced(tmp_path:
     clock.t += 900 if deadline_passes else 60
     await h.responder._execute_again(incident.id)
     incident = h.store.get(incident.id)
-    assert incident.status is IncidentStatus.ACTING and kube.created == []
+    assert kube.created == [] and incident.actions[0].state is ActionState.DELETING
     escalations = [e for e in h.store.timeline(incident.id) if e["kind"] == "escalated"]
     assert len(escalations) == (1 if deadline_passes else 0)
+    # Past the deadline a person is paged (blocked: a person must look); the journal still goes on.
+    assert incident.status is (IncidentStatus.BLOCKED if deadline_passes else IncidentStatus.ACTING)
+    assert [i.id for i in h.store.unfinished()] == [incident.id]
 
     # The finalizer goes: the next pass creates the replacement, exactly once.
     kube.terminating.clear()
