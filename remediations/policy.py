@@ -602,6 +602,10 @@ def _pool_key(pool: str) -> str:
     return f"pool:{pool}"
 
 
+def _restart_key(job_key: str) -> str:
+    return f"restart:{job_key}"
+
+
 def _node_key(node: str) -> str:
     return f"node:{node}"
 
@@ -980,12 +984,32 @@ class Policy:
 
     def restart_refused(self, ctx: PolicyContext, state: PolicyState, incident_id: str) -> I18nText | None:
         """The restart budgets checked again when a planned restart is about to run (an approval may
-        come long after the plan): None when it may run, else why not."""
+        come long after the plan), and the restart's place in the budget reserved in the same atomic
+        step of the state (reserve, act, then `commit_restart`, or `release_restart` when nothing was
+        deleted): two brains restarting one job at once (a rebalance) cannot both spend its last
+        restart. None when it may run, else why not."""
         budget, backoff = self.budgets_for(ctx.namespace)
         if incident_id and state.count(EV_DONE, f"{_incident_key(incident_id)}|restart", _EVER):
             return None  # this incident's own restart, already counted
         plan = Plan(incident_id=incident_id, mode=Mode.ENFORCE, matched="")
-        return self._check_restart(plan, ctx, state, budget, backoff, [])
+        why = self._check_restart(plan, ctx, state, budget, backoff, [])
+        if why is not None or not ctx.job_key:
+            return why
+        since = ctx.now - budget.window
+        done = {f"@{t!r}" for t in state.times(EV_RESTART, ctx.job_key, since)}
+        if state.reserve(_restart_key(ctx.job_key), incident_id, limit=budget.max, held=done, t=ctx.now, since=since):
+            return None
+        return _t(
+            f"Restart budget spent: another restart of {ctx.job_key} is under way and would use its last "
+            f"place (at most {budget.max} in {format_duration(budget.window)}). A person must look.",
+            f"重启预算已用完：{ctx.job_key} 的另一次重启正在进行，将用掉最后的名额"
+            f"（{format_duration(budget.window)} 内最多 {budget.max} 次），需要人工处理。",
+        )
+
+    def release_restart(self, ctx: PolicyContext, state: PolicyState, incident_id: str) -> None:
+        """Give back the place `restart_refused` reserved (the workload was not deleted)."""
+        if ctx.job_key:
+            state.release(_restart_key(ctx.job_key), incident_id)
 
     def _params(self, spec: ActionSpec, rc: RootCause, ctx: PolicyContext, quarantine: bool) -> dict[str, Any]:
         exclude = [ctx.node] if ctx.node and (quarantine or getattr(spec, "exclude_node", False)) else []
@@ -1025,6 +1049,9 @@ class Policy:
         if not ctx.job_key or not self._once(state, incident_id, "restart", ctx.now):
             return False
         state.record(EV_RESTART, ctx.job_key, ctx.now)
+        if incident_id:
+            # Recorded: the reservation has become the restart (counted once more meanwhile: conservative).
+            state.release(_restart_key(ctx.job_key), incident_id)
         return True
 
     def commit_quarantine(

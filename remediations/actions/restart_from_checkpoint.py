@@ -117,15 +117,16 @@ async def run(call: ActionCall) -> None:
                 f"({changed}): it was resubmitted or changed since; the plan is cancelled as stale and the "
                 "job left as it is"
             )
-        refused = rt.policy.restart_refused(
-            dataclasses.replace(rt.policy_context(call.incident_id, rc), lineage_restarts=lineage_restarts(live)),
-            rt.policy_state,
-            call.incident_id,
-        )
+        ctx = dataclasses.replace(rt.policy_context(call.incident_id, rc), lineage_restarts=lineage_restarts(live))
+        refused = rt.policy.restart_refused(ctx, rt.policy_state, call.incident_id)
         if refused is not None:
             raise ActionBlocked(refused)
-        body, resume = await rt.replacement(call.incident_id, live, rc)
-        ref = await asyncio.to_thread(rt.save_body, call.incident_id, call.seq, body)
+        try:
+            body, resume = await rt.replacement(call.incident_id, live, rc)
+            ref = await asyncio.to_thread(rt.save_body, call.incident_id, call.seq, body)
+        except BaseException:
+            rt.policy.release_restart(ctx, rt.policy_state, call.incident_id)  # nothing was deleted
+            raise
         params.update(
             body=redact_object(body),
             body_ref=ref,
