@@ -77,7 +77,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from agent.config import ApiSettings
 from agent.jobindex import JobIndex
-from agent.store import IncidentStatus, IncidentStore, StoreError
+from agent.store import Incident, IncidentStatus, IncidentStore, StoreError
 from agent.telemetry import Telemetry
 from agent.watchers.metrics import device_of, node_of
 from detectors.correlator import correlate
@@ -831,11 +831,21 @@ class _State:
         return self.store
 
 
+def _served(incident: Incident) -> dict[str, Any]:
+    """An incident as the API serves it: action parameters pass the scene's redaction once more (a
+    journal written before bodies were kept apart may still hold a workload's env values)."""
+    from remediations.scene import redact_object
+
+    out = incident.as_dict()
+    out["actions"] = [dict(a, params=redact_object(a.get("params") or {})) for a in out.get("actions") or []]
+    return out
+
+
 def _incident_detail(store: IncidentStore, incident_id: str) -> dict[str, Any] | None:
     incident = store.find(incident_id)
     if incident is None:
         return None
-    return dict(incident.as_dict(), timeline=store.timeline(incident.id))
+    return dict(_served(incident), timeline=store.timeline(incident.id))
 
 
 def create_app(
@@ -969,9 +979,7 @@ def create_app(
     ) -> IncidentList:
         s = state.need_store()
         incidents = await asyncio.to_thread(s.recent, status=status.value if status else None, limit=limit)
-        return IncidentList(
-            count=len(incidents), incidents=[IncidentOut.model_validate(i.as_dict()) for i in incidents]
-        )
+        return IncidentList(count=len(incidents), incidents=[IncidentOut.model_validate(_served(i)) for i in incidents])
 
     @app.get(
         f"{API_PREFIX}/incidents/{{incident_id}}",

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -251,9 +252,19 @@ def _diagnose(args: argparse.Namespace) -> int:
     else:
         from reports.render import render
 
-        sys.stdout.write(render(diagnosis, args.format, args.lang))
+        sys.stdout.write(terminal_safe(render(diagnosis, args.format, args.lang)))
     sys.stdout.flush()
     return EXIT_OK
+
+
+# C0 controls but tab and newline, DEL, and the C1 controls (U+0080-U+009F: a terminal reads U+009B
+# as CSI, the start of an escape sequence): log text must not drive the reader's terminal.
+_TERMINAL_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def terminal_safe(text: str) -> str:
+    """`text` without the control characters a terminal would act on."""
+    return _TERMINAL_UNSAFE.sub("", text)
 
 
 def _diagnose_scene(scene_dir: Path, engine: Engine) -> Diagnosis:
@@ -543,6 +554,10 @@ def _config(args: argparse.Namespace) -> int:
     except ConfigError as e:
         print(f"trainmedic: {e}", file=sys.stderr)
         return EXIT_UNUSABLE
-    # mode="json" turns SecretStr into "**********": secrets never reach the terminal.
-    sys.stdout.write(yaml.safe_dump(settings.model_dump(mode="json"), sort_keys=False, allow_unicode=True))
+    from agent.urlsafe import redact_config
+
+    # mode="json" turns SecretStr into "**********", and URLs lose their credentials (user info, query
+    # tokens, hook paths): secrets never reach the terminal.
+    shown = redact_config(settings.model_dump(mode="json"))
+    sys.stdout.write(yaml.safe_dump(shown, sort_keys=False, allow_unicode=True))
     return EXIT_OK

@@ -177,7 +177,7 @@ class SinkSettings(_Group):
         ge=1,
         le=10_000,
         description="Messages sent one per notice within `window_s` before the rest are merged into one digest "
-        "per window; default: 10 for chat robots (DingTalk and WeCom allow 20 a minute), 60 otherwise.",
+        "per window; default: 3 for chat robots, 5 otherwise (a 500-node outage stays under 10 messages a sink).",
     )
     window_s: float = Field(60.0, gt=0, le=86_400, description="The rate-limit window of `burst`.")
     max_batch: int = Field(500, ge=1, le=5000, description="Most notices merged into one digest or batch message.")
@@ -203,7 +203,7 @@ class SinkSettings(_Group):
     def effective_burst(self) -> int:
         if self.burst is not None:
             return self.burst
-        return 10 if self.kind in CHAT_SINKS else 60
+        return 3 if self.kind in CHAT_SINKS else 5
 
     @property
     def effective_statuses(self) -> frozenset[str]:
@@ -266,7 +266,11 @@ class ApiSettings(_Group):
     )
     token_env: str | None = Field(None, description="Name of an environment variable holding the bearer token.")
     token_file: str | None = Field(None, description="File holding the bearer token (a mounted Secret).")
-    read_auth: bool = Field(False, description="Require the token for reads (incidents, reports, /metrics) too.")
+    read_auth: bool = Field(
+        True,
+        description="Require the token for reads (incidents, reports, /metrics) too; false opens them to anyone "
+        "who reaches the port (an explicit choice; incidents hold job and node details).",
+    )
     allow_unauthenticated: bool = Field(
         False,
         description="With no token configured, accept state-changing calls from anyone (a laptop demo only); "

@@ -54,15 +54,20 @@ from agent.config import NotifySettings, SinkSettings
 from agent.outbox import Outbox, OutboxError, OutboxItem
 from agent.store import IncidentStore, StoreError
 from agent.telemetry import Telemetry
+from agent.urlsafe import install_log_filters
 from reports import payloads
 from reports.notice import Notice, NoticeError
 from trainmedic.errors import TrainmedicError
 from trainmedic.events import Event, IncidentEvent
 
 log = logging.getLogger("trainmedic.notify")
+# Webhook URLs carry credentials: no log record of httpx, httpcore or this module shows them.
+install_log_filters()
 
 DEDUP_HEADER = "X-Trainmedic-Dedup-Key"
 DEDUP_COUNT_HEADER = "X-Trainmedic-Dedup-Count"
+AFFECTED_NODES_HEADER = "X-Trainmedic-Affected-Nodes"
+AFFECTED_JOBS_HEADER = "X-Trainmedic-Affected-Jobs"
 USER_AGENT = "trainmedic-notifier/1"
 # The most of a receiver's answer that is read (its error text is recorded, cut).
 MAX_RESPONSE_BYTES = 64 << 10
@@ -183,6 +188,10 @@ class Sink:
             DEDUP_HEADER: dedup_key_of(notices),
             DEDUP_COUNT_HEADER: str(len(notices)),
         }
+        if len(notices) > 1:
+            # A digest says how wide the outage is, whatever its format.
+            headers[AFFECTED_NODES_HEADER] = str(len({n.node for n in notices if n.node}))
+            headers[AFFECTED_JOBS_HEADER] = str(len({(n.namespace, n.job) for n in notices if n.job}))
         headers.update({k: v.get_secret_value() for k, v in self.settings.headers.items()})
         headers.update(self.extra_headers(body, now=now))
         return Message(url=self.url(now=now), body=body, headers=headers, count=len(notices))
@@ -550,6 +559,9 @@ class Notifier:
                     batch, digest = items, True
                 r.tokens = max(0.0, r.tokens - 1.0)
                 outcome = await self._send(r, batch)
+                if outcome.result == "retry" and outcome.http is None:
+                    # Nothing reached the receiver (connection refused, timeout): no message was spent.
+                    r.tokens = min(float(sink.burst), r.tokens + 1.0)
                 if digest and outcome.result != "retry":
                     r.digest_at = self.clock() + sink.window_s
 

@@ -19,17 +19,23 @@ saved):
 3. the policy decides (mode, budgets, backoff, frequency escalation, circuit breaker) and the plan is
    recorded with its actions, whatever the mode: observe / dry-run stop here, approve waits for a
    person (`trainmedic approve`), enforce goes on;
-4. each action runs in order, journalled in the store *before* the cluster changes. Restart from
+4. each action runs in order, journalled in the store *before* the cluster changes; its code is
+   its own module (remediations/actions/<name>.py, the registry `ACTIONS`): this module keeps the
+   per-key queues and the incident's state machine. Restart from
    checkpoint records the replacement body, then `deleting`, deletes the original (uid precondition),
    waits until it is gone, records `creating`, creates the replacement. Killed at any point, the
    agent resumes the journal at start: the replacement is created exactly once (a 409 whose object
    carries this incident's annotation is success), and a workload that was never deleted is not
    touched twice.
 
-Errors: a temporary API error (429, 5xx, connection) is retried by KubeOps, then the action is left
-`running` and retried on the next pass; a permanent one (RBAC forbidden, invalid) fails the action
-with the API's reason, and the incident asks for a person. Nothing is silently dropped: every step
-lands in the incident's timeline and on `trainmedic.incidents`.
+Errors carry their meaning in their type (remediations/errors.py, `classify`): temporary (429, 5xx,
+connection; a workload still terminating) leaves the action in its journal state, tried again after
+its delay (escalated to a person past a deadline, still waiting); blocked (the breaker or a budget
+refusing at the moment of acting) skips the remaining changes and ends the incident `blocked`;
+a stale plan (the job was resubmitted since) is cancelled and the incident ends `observed`;
+permanent (RBAC forbidden, invalid, a workload another controller owns, any error nobody expected)
+fails the action and the incident, which pages. Nothing is left `acting` and nothing is silently
+dropped: every step lands in the incident's timeline and on `trainmedic.incidents`.
 """
 
 from __future__ import annotations
@@ -38,8 +44,11 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
+import hashlib
 import json
 import logging
+import os
+import re
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -53,7 +62,17 @@ from agent.store import TERMINAL, ActionRecord, ActionState, Incident, IncidentS
 from agent.telemetry import Telemetry
 from remediations import checkpoints as ckpt
 from remediations import workloads as wl
-from remediations.kube import ConflictError, KubeError, KubeOps, PermanentKubeError
+from remediations.actions import ACTIONS, ActionCall, Entry
+from remediations.actions.restart_from_checkpoint import identity, lineage_restarts
+from remediations.errors import (
+    ActionBlocked,
+    FatalActionError,
+    PermanentActionError,
+    StalePlan,
+    TemporaryActionError,
+    classify,
+)
+from remediations.kube import KubeError, KubeOps, PermanentKubeError
 from remediations.policy import ActionName, Mode, Plan, Policy, PolicyContext
 from remediations.policy_state import PolicyState
 from remediations.scene import SceneInputs, SceneSettings, save_scene
@@ -75,6 +94,9 @@ _KINDS: tuple[tuple[str, str], ...] = (
     ("kubeflow.org/v1", "PyTorchJob"),
 )
 
+_UNSAFE_NAME = re.compile(r"[^A-Za-z0-9._-]")
+_RESTARTS = frozenset({ActionName.RESTART_FROM_CHECKPOINT, ActionName.RAISE_MEMORY_LIMIT})
+
 MetricsRange = Callable[[str, float, float, float], Awaitable[Mapping[str, list[tuple[float, float]]]]]
 
 
@@ -93,6 +115,15 @@ class ResponderSettings:
     # Checkpoint paths as the job declares them -> as this agent sees them (shared volume mounts).
     checkpoint_path_map: dict[str, str] = field(default_factory=dict)
     wait_gone_s: float = 120.0
+    # Where the full replacement body of a restart waits between the delete and the create (env
+    # values included): the agent's own state directory, mode 0600, never the incident store (served
+    # by the API, published to the sinks), which keeps the redacted body and a reference to this
+    # file. None: `restart-bodies` beside `scene_dir`.
+    body_dir: Path | None = None
+    # A workload still terminating this long after its delete (a foreign finalizer, a long grace
+    # period) is escalated to a person; the responder keeps waiting and creates the replacement
+    # once it is gone (the journal keeps the body).
+    gone_deadline_s: float = 3600.0
     approval_poll_s: float = 2.0
     # An action that failed temporarily is tried again after this long.
     retry_after_s: float = 10.0
@@ -251,7 +282,7 @@ class Responder:
         interrupted (a workload deleted but not yet recreated), or a final diagnosis whose scene or
         plan was not finished (with the memory bus, the diagnosis itself is gone with the process)."""
         for incident in self.store.unfinished():
-            if incident.status is IncidentStatus.ACTING:
+            if self._carrying_on(incident):
                 log.info("resuming incident %s (%s): actions were interrupted", incident.id, incident.key)
                 await self._execute(incident)
             elif incident.status is IncidentStatus.OPEN and incident.diagnosis.get("final"):
@@ -259,21 +290,33 @@ class Responder:
                 d = DiagnosisEvent.model_validate(incident.diagnosis)
                 await self.handle(d, key=incident.key)
 
+    @staticmethod
+    def _carrying_on(incident: Incident) -> bool:
+        """Acting, or blocked with its journal still under way (escalated while it waits)."""
+        if incident.status is IncidentStatus.ACTING:
+            return True
+        return incident.status is IncidentStatus.BLOCKED and any(
+            a.state in (ActionState.RUNNING, ActionState.DELETING, ActionState.CREATING) for a in incident.actions
+        )
+
     async def poll_store(self) -> None:
         """Approved plans (a person ran `trainmedic approve`) and actions waiting for a retry, each run
         on its job's worker so it never races with that job's other work."""
         for incident in self.store.unfinished():
-            if incident.status is not IncidentStatus.ACTING or not self.owns(incident):
+            if not self._carrying_on(incident) or not self.owns(incident):
                 continue
             if incident.id in self._scheduled:
                 continue
+            now = self.clock()
+            if any(float((a.result or {}).get("retry_at") or 0.0) > now for a in incident.actions):
+                continue  # a temporary failure asked to wait
             self._scheduled.add(incident.id)
             self._submit(incident.key, functools.partial(self._execute_again, incident.id), None)
 
     async def _execute_again(self, incident_id: str) -> None:
         try:
             incident = self.store.get(incident_id)
-            if incident.status is IncidentStatus.ACTING:
+            if self._carrying_on(incident):
                 await self._execute(incident)
         finally:
             self._scheduled.discard(incident_id)
@@ -313,7 +356,18 @@ class Responder:
                 await self._protect(job)
             return incident
         if incident.status is IncidentStatus.OPEN:
-            incident = await self._prepare(incident, d, rc)
+            try:
+                incident = await self._prepare(incident, d, rc)
+            except Exception as exc:  # classified: only a temporary error may leave the incident open
+                err = classify(exc)
+                if isinstance(err, TemporaryActionError | FatalActionError):
+                    raise
+                log.error("incident %s: the plan could not be made: %s", incident.id, err)
+                self.store.set_status(incident.id, IncidentStatus.FAILED, {"error": str(err), "page": True})
+                incident = self.store.get(incident.id)
+                self._finish(incident)
+                await self._publish(incident, rc)
+                return incident
         if incident.status is IncidentStatus.ACTING:
             incident = await self._execute(incident)
         return incident
@@ -353,7 +407,14 @@ class Responder:
             self.policy.commit_breaker(ctx, self.policy_state, incident_id=incident.id)
         if self.settings.mode is not None:
             plan.mode = self.settings.mode
-        actions = [(a.name.value, dict(a.params)) for a in plan.actions]
+        planned_for = identity(workload) if workload is not None else None
+        actions = [
+            (
+                a.name.value,
+                dict(a.params, identity=planned_for) if a.name in _RESTARTS and planned_for else dict(a.params),
+            )
+            for a in plan.actions
+        ]
         await asyncio.to_thread(self.store.set_plan, incident.id, plan.as_dict(), plan.mode.value, actions)
         incident = self.store.get(incident.id)
         status = self._status_for(plan)
@@ -389,161 +450,184 @@ class Responder:
     # -- actions --------------------------------------------------------------------------------------
 
     async def _execute(self, incident: Incident) -> Incident:
-        """Run the incident's remaining actions in order (journalled; safe to call again)."""
+        """Run the incident's remaining actions in order (journalled; safe to call again).
+
+        What a failure means comes from its type (remediations.errors): temporary -> the action
+        keeps its journal state and is tried again after its delay; blocked -> the remaining
+        changes are skipped and the incident ends `blocked`; permanent (any error nobody expected
+        included) -> the action and the incident end `failed`. Either way a person hears of it
+        with the incident's status; an incident is never left `acting` by an error."""
         rc = RootCause.model_validate(incident.diagnosis["diagnosis"]["root_cause"])
         failed = False
         retry = False
+        blocked: ActionBlocked | None = None
+        stale: StalePlan | None = None
         for action in incident.actions:
             if action.state in (ActionState.DONE, ActionState.SKIPPED, ActionState.FAILED):
                 failed = failed or action.state is ActionState.FAILED
                 continue
+            if blocked is not None:
+                self._skip_blocked(incident, action, blocked)
+                continue
             try:
                 await self._run_action(incident, action, rc)
                 self.telemetry.actions.labels(action.name, "done").inc()
-            except PermanentKubeError as e:
+            except Exception as exc:  # classified below: every error has a meaning for the incident
+                err = classify(exc)
+                if isinstance(err, FatalActionError):
+                    log.error("incident %s: %s: %s", incident.id, action.name, err)
+                    raise err from exc
+                if isinstance(err, TemporaryActionError):
+                    retry = True
+                    self.telemetry.actions.labels(action.name, "retry").inc()
+                    delay = err.delay if err.delay is not None else self.settings.retry_after_s
+                    current = self.store.get(incident.id).actions[action.seq]
+                    escalated = bool((current.result or {}).get("escalated"))
+                    self.store.update_action(
+                        incident.id,
+                        action.seq,
+                        ActionState(self._journal_state(incident, action)),
+                        result={
+                            "retry": str(err),
+                            "retry_at": self.clock() + delay,
+                            "escalated": escalated or err.escalate,
+                        },
+                    )
+                    if err.escalate and not escalated:
+                        # A person is told (blocked: a person must look) while the journal goes on.
+                        self.store.note(
+                            incident.id, "escalated", {"action": action.name, "why": str(err), "page": True}
+                        )
+                        self.store.set_status(
+                            incident.id, IncidentStatus.BLOCKED, {"page": True, "still_waiting": True, "why": str(err)}
+                        )
+                        await self._publish(self.store.get(incident.id), rc)
+                    log.warning("incident %s: %s will be retried in %.0f s: %s", incident.id, action.name, delay, err)
+                    break
+                if isinstance(err, StalePlan):
+                    stale = err
+                    self.store.update_action(
+                        incident.id, action.seq, ActionState.SKIPPED, result={"reason": str(err), "stale": True}
+                    )
+                    log.warning("incident %s: %s", incident.id, err)
+                    blocked = ActionBlocked(I18nText(en=str(err), zh="作业在计划制定后已被重新提交或修改：计划作废。"))
+                    continue
+                if isinstance(err, ActionBlocked):
+                    blocked = err
+                    self.telemetry.actions.labels(action.name, "blocked").inc()
+                    self._skip_blocked(incident, action, blocked)
+                    log.warning("incident %s: %s blocked: %s", incident.id, action.name, err)
+                    continue
                 failed = True
                 self.telemetry.actions.labels(action.name, "failed").inc()
-                self.store.update_action(incident.id, action.seq, ActionState.FAILED, result={"error": str(e)})
-                log.error("incident %s: %s failed: %s", incident.id, action.name, e)
-                break
-            except KubeError as e:
-                retry = True
-                self.telemetry.actions.labels(action.name, "retry").inc()
                 self.store.update_action(
                     incident.id,
                     action.seq,
-                    ActionState(self._journal_state(incident, action)),
-                    result={"retry": str(e)},
+                    ActionState.FAILED,
+                    result={"error": str(err), "stale": isinstance(err, StalePlan)},
                 )
-                log.warning("incident %s: %s will be retried: %s", incident.id, action.name, e)
+                log.error("incident %s: %s failed: %s", incident.id, action.name, err)
                 break
         incident = self.store.get(incident.id)
         if not retry:
             plan = incident.plan or {}
             status = IncidentStatus.FAILED if failed else IncidentStatus.RESOLVED
-            if not failed and plan.get("blocked") and plan.get("page"):
+            if not failed and (blocked is not None or (plan.get("blocked") and plan.get("page"))):
                 status = IncidentStatus.BLOCKED
-            self.store.set_status(incident.id, status)
+            if not failed and stale is not None:
+                # The plan was for another incarnation of the job: nothing to do, nothing failed.
+                self.store.note(incident.id, "stale", {"why": str(stale)})
+                status = IncidentStatus.OBSERVED
+            detail: dict[str, Any] = {"page": True} if status in (IncidentStatus.FAILED, IncidentStatus.BLOCKED) else {}
+            if stale is not None:
+                detail = {"stale": True, "why": str(stale)}
+            elif blocked is not None:
+                detail["blocked"] = blocked.why.en
+            self.store.set_status(incident.id, status, detail)
             incident = self.store.get(incident.id)
             self._finish(incident)
             await self._publish(incident, rc)
         return incident
+
+    def _skip_blocked(self, incident: Incident, action: ActionRecord, blocked: ActionBlocked) -> None:
+        """An action after (or at) a refusal of the policy: notifications still go, changes do not."""
+        if ActionName(action.name) is ActionName.NOTIFY:
+            self.store.update_action(
+                incident.id, action.seq, ActionState.DONE, result={"published": Topic.INCIDENTS.value, "page": True}
+            )
+            return
+        self.store.update_action(
+            incident.id, action.seq, ActionState.SKIPPED, result={"reason": blocked.why.en, "blocked": True}
+        )
 
     def _journal_state(self, incident: Incident, action: ActionRecord) -> str:
         current = self.store.get(incident.id).actions[action.seq].state
         return current.value if current is not ActionState.PLANNED else ActionState.RUNNING.value
 
     async def _run_action(self, incident: Incident, action: ActionRecord, rc: RootCause) -> None:
-        name = ActionName(action.name)
-        if name is ActionName.NOTIFY:
-            self.store.update_action(
-                incident.id, action.seq, ActionState.DONE, result={"published": Topic.INCIDENTS.value}
-            )
-        elif name is ActionName.QUARANTINE_NODE:
-            await self._quarantine(incident, action, rc)
-        elif name in (ActionName.RESTART_FROM_CHECKPOINT, ActionName.RAISE_MEMORY_LIMIT):
-            await self._restart(incident, action, rc)
+        """The action's own module runs it (remediations/actions), against this incident's journal."""
+        entry = Entry(action.seq, action.name, action.state.value, dict(action.params), action.result)
+        journal = _StoreJournal(self.store, incident.id)
+        await ACTIONS[action.name].run(ActionCall(journal, entry, rc, _job_of(incident), self))
 
-    async def _quarantine(self, incident: Incident, action: ActionRecord, rc: RootCause) -> None:
-        node = action.params.get("node") or rc.node
-        if not node:
-            self.store.update_action(
-                incident.id, action.seq, ActionState.SKIPPED, result={"reason": "the fault is not localised to a node"}
-            )
-            return
-        self.store.update_action(incident.id, action.seq, ActionState.RUNNING, params=dict(action.params, node=node))
-        result = await self.kube.quarantine_node(
-            node, incident_id=incident.id, fault_class=rc.fault_class.value, reason=rc.summary.en
-        )
-        self.policy.commit_quarantine(node, self._ctx_light(incident, rc), self.policy_state, incident_id=incident.id)
-        self.store.update_action(
-            incident.id,
-            action.seq,
-            ActionState.DONE,
-            result={"node": node, "changed": result.changed, "already_by": result.already_by},
-        )
+    # -- the replacement body, kept out of the incident store --
 
-    async def _restart(self, incident: Incident, action: ActionRecord, rc: RootCause) -> None:
-        """Recreate the workload from its last complete checkpoint, bad nodes excluded; exactly once."""
-        params = dict(action.params)
-        job = _job_of(incident)
-        if job is None:
-            self.store.update_action(
-                incident.id, action.seq, ActionState.SKIPPED, result={"reason": "the incident has no workload"}
-            )
-            return
-        memory_only = ActionName(action.name) is ActionName.RAISE_MEMORY_LIMIT
-        if memory_only and self._restart_in_plan(incident, action.seq):
-            self.store.update_action(
-                incident.id, action.seq, ActionState.SKIPPED, result={"reason": "applied by the restart action"}
-            )
-            return
-        state = self.store.get(incident.id).actions[action.seq].state
-        body: dict[str, Any] | None = params.get("body")
-        if state in (ActionState.PLANNED, ActionState.RUNNING) or body is None:
-            live = await self._workload(job)
-            if live is None:
-                self.store.update_action(
-                    incident.id,
-                    action.seq,
-                    ActionState.FAILED,
-                    result={"error": f"workload {job.namespace}/{job.name} not found; nothing was deleted"},
-                )
-                return
-            if _annotation(live, "trainmedic.io/incident") == incident.id:
-                self.store.update_action(incident.id, action.seq, ActionState.DONE, result=_restart_result(live))
-                return
-            body, resume = await self._replacement(incident, live, rc)
-            params.update(
-                body=body,
-                uid=live["metadata"].get("uid"),
-                api_version=live.get("apiVersion"),
-                kind=live.get("kind"),
-                **resume,
-            )
-            self.store.update_action(incident.id, action.seq, ActionState.DELETING, params=params)
-            await self.kube.delete_workload(live, propagation="Foreground")
-            state = ActionState.DELETING
-        if state is ActionState.DELETING:
-            await self.kube.wait_gone(
-                params["api_version"],
-                params["kind"],
-                job.namespace,
-                job.name,
-                uid=params.get("uid"),
-                timeout_s=self.settings.wait_gone_s,
-            )
-            self.store.update_action(incident.id, action.seq, ActionState.CREATING)
+    @property
+    def body_dir(self) -> Path:
+        return self.settings.body_dir or self.settings.scene_dir.parent / "restart-bodies"
+
+    def save_body(self, incident_id: str, seq: int, body: Mapping[str, Any]) -> dict[str, Any]:
+        """Write the full body durably (0600) before the journal says `deleting`; the reference."""
+        self.body_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        name = f"{_UNSAFE_NAME.sub('_', incident_id)[:200]}.{seq}.json"
+        data = json.dumps(body, ensure_ascii=False, sort_keys=True).encode()
+        tmp = self.body_dir / f".{name}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
-            created = await self.kube.create_workload(body)
-        except ConflictError:
-            existing = await self.kube.get_workload(params["api_version"], params["kind"], job.namespace, job.name)
-            if existing is None or _annotation(existing, "trainmedic.io/incident") != incident.id:
-                raise PermanentKubeError(
-                    f"{params['kind']} {job.namespace}/{job.name} was recreated by someone else meanwhile; "
-                    "left as it is"
-                ) from None
-            created = existing
-        self.policy.commit_restart(self._ctx_light(incident, rc), self.policy_state, incident_id=incident.id)
-        self.store.update_action(incident.id, action.seq, ActionState.DONE, result=_restart_result(created))
-        log.info(
-            "incident %s: %s %s/%s recreated from %s, excluding %s",
-            incident.id,
-            params["kind"],
-            job.namespace,
-            job.name,
-            params.get("checkpoint") or "no checkpoint",
-            ", ".join(params.get("excluded_nodes") or []) or "no node",
-        )
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, self.body_dir / name)
+        with contextlib.suppress(OSError):
+            dfd = os.open(self.body_dir, os.O_RDONLY)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+        return {"file": name, "sha256": hashlib.sha256(data).hexdigest()}
 
-    def _restart_in_plan(self, incident: Incident, seq: int) -> bool:
-        return any(
-            a.name == ActionName.RESTART_FROM_CHECKPOINT.value and a.seq != seq
-            for a in self.store.get(incident.id).actions
-        )
+    def load_body(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        ref = params.get("body_ref")
+        if not ref:
+            return dict(params["body"])  # a journal written before bodies were kept apart
+        path = self.body_dir / str(ref["file"])
+        try:
+            data = path.read_bytes()
+        except OSError as e:
+            raise PermanentActionError(
+                f"the replacement body {path} is unreadable ({e}); the job was deleted: recreate it by hand from "
+                "the redacted body in the incident and the scene's objects"
+            ) from e
+        if hashlib.sha256(data).hexdigest() != ref.get("sha256"):
+            raise PermanentActionError(f"the replacement body {path} does not match its journal checksum")
+        body: dict[str, Any] = json.loads(data)
+        return body
 
-    async def _replacement(
-        self, incident: Incident, live: dict[str, Any], rc: RootCause
+    def drop_body(self, params: Mapping[str, Any]) -> None:
+        ref = params.get("body_ref")
+        if ref:
+            with contextlib.suppress(OSError):
+                (self.body_dir / str(ref["file"])).unlink()
+
+    async def find_workload(self, job: JobRef) -> dict[str, Any] | None:
+        return await self._workload(job)
+
+    def policy_context(self, incident_id: str, rc: RootCause) -> PolicyContext:
+        return self._ctx_light(self.store.get(incident_id), rc)
+
+    async def replacement(
+        self, incident_id: str, live: dict[str, Any], rc: RootCause
     ) -> tuple[dict[str, Any], dict[str, Any]]:
         """The body that replaces `live`, and what went into it (checkpoint, excluded nodes, memory)."""
         spec = wl.resume_spec(live)
@@ -553,15 +637,15 @@ class Responder:
             checkpoint = await asyncio.to_thread(ckpt.latest_complete, local)
             if checkpoint is not None and local != spec.checkpoint_dir:
                 checkpoint = dataclasses.replace(checkpoint, path=spec.checkpoint_dir + checkpoint.path[len(local) :])
-        exclude = set(await self._bad_nodes(incident, rc))
+        exclude = set(await self._bad_nodes(incident_id, rc))
         memory: dict[str, Any] = {}
-        for a in self.store.get(incident.id).actions:
+        for a in self.store.get(incident_id).actions:
             if a.name == ActionName.RAISE_MEMORY_LIMIT.value and a.params.get("max_bytes"):
                 memory = {"memory_factor": float(a.params["factor"]), "memory_cap_bytes": int(a.params["max_bytes"])}
             exclude.update(str(n) for n in a.params.get("exclude_nodes") or [])
         body = wl.recreate_body(
             live,
-            incident_id=incident.id,
+            incident_id=incident_id,
             checkpoint=checkpoint,
             exclude_nodes=sorted(exclude),
             now=self.clock(),
@@ -575,11 +659,11 @@ class Responder:
             "memory": memory or None,
         }
 
-    async def _bad_nodes(self, incident: Incident, rc: RootCause) -> list[str]:
+    async def _bad_nodes(self, incident_id: str, rc: RootCause) -> list[str]:
         """Nodes the replacement must avoid: the ones this incident quarantined, and every node
         trainmedic holds in quarantine (the taint keeps pods off them too; affinity says it again)."""
         nodes = set()
-        for a in self.store.get(incident.id).actions:
+        for a in self.store.get(incident_id).actions:
             if a.name == ActionName.QUARANTINE_NODE.value and a.state is ActionState.DONE and a.result:
                 node = a.result.get("node")
                 if node:
@@ -700,6 +784,7 @@ class Responder:
             log.warning("cannot list nodes for the circuit breaker: %s", e)
             nodes = []
         pool, pool_size = self.policy.pool_of(rc.node, nodes)
+        quarantined = self.policy.pool_quarantined(rc.node, nodes) if nodes else None
         opt_out = workload is not None and wl.resume_spec(workload).opt_out
         texts = [f.text for f in (incident_findings(incident))]
         return PolicyContext(
@@ -712,6 +797,8 @@ class Responder:
             opt_out=opt_out,
             now=self.clock(),
             texts=tuple(texts),
+            quarantined=quarantined,
+            lineage_restarts=lineage_restarts(workload),
         )
 
     def _ctx_light(self, incident: Incident, rc: RootCause) -> PolicyContext:
@@ -767,6 +854,23 @@ class Responder:
             log.warning("incident %s: the report could not be written: %s", incident_id, e)
             return
         self.store.note(incident_id, "report", {"files": sorted(str(p) for p in paths.values())})
+
+
+class _StoreJournal:
+    """The incident store as an action's journal (remediations/actions/base.py: Journal)."""
+
+    def __init__(self, store: IncidentStore, incident_id: str) -> None:
+        self.store = store
+        self.incident_id = incident_id
+
+    def entries(self) -> list[Entry]:
+        actions = self.store.get(self.incident_id).actions
+        return [Entry(a.seq, a.name, a.state.value, dict(a.params), a.result) for a in actions]
+
+    def update(
+        self, seq: int, state: str, *, params: Mapping[str, Any] | None = None, result: Mapping[str, Any] | None = None
+    ) -> None:
+        self.store.update_action(self.incident_id, seq, ActionState(state), params=params, result=result)
 
 
 class _SceneSource:
@@ -833,17 +937,6 @@ def _stale(workload: Mapping[str, Any] | None, incident_id: str, d: DiagnosisEve
 def _annotation(obj: Mapping[str, Any], name: str) -> str | None:
     value = ((obj.get("metadata") or {}).get("annotations") or {}).get(name)
     return str(value) if value is not None else None
-
-
-def _restart_result(obj: Mapping[str, Any]) -> dict[str, Any]:
-    meta = obj.get("metadata") or {}
-    return {
-        "workload": f"{obj.get('kind')}/{meta.get('namespace')}/{meta.get('name')}",
-        "uid": meta.get("uid"),
-        "resumed_from": _annotation(obj, "trainmedic.io/resumed-from"),
-        "excluded_nodes": [n for n in (_annotation(obj, "trainmedic.io/excluded-nodes") or "").split(",") if n],
-        "restarts": _annotation(obj, "trainmedic.io/restarts"),
-    }
 
 
 def _job_of(incident: Incident) -> JobRef | None:

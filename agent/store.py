@@ -326,9 +326,10 @@ class IncidentStore:
         with self._lock:
             row = self._db.execute(f"SELECT {_INCIDENT_COLUMNS} FROM incidents WHERE id = ?", (incident_id,)).fetchone()
             if row is None and len(incident_id) >= 4:
+                # The prefix is compared as it is: no LIKE, so `_` and `%` are not wildcards.
                 rows = self._db.execute(
-                    f"SELECT {_INCIDENT_COLUMNS} FROM incidents WHERE id LIKE ? LIMIT 2",
-                    (incident_id + "%",),
+                    f"SELECT {_INCIDENT_COLUMNS} FROM incidents WHERE substr(id, 1, ?) = ? LIMIT 2",
+                    (len(incident_id), incident_id),
                 ).fetchall()
                 row = rows[0] if len(rows) == 1 else None
             if row is None:
@@ -360,11 +361,20 @@ class IncidentStore:
             return out
 
     def unfinished(self) -> list[Incident]:
-        """Incidents the responder must carry on with: acting (an action was interrupted) or approved."""
+        """Incidents the responder must carry on with: acting (an action was interrupted) or approved, and
+        blocked ones whose journal is still under way (a person was told; the restart still waits for the
+        old workload to go)."""
         with self._lock:
             rows = self._db.execute(
-                f"SELECT {_INCIDENT_COLUMNS} FROM incidents WHERE status IN (?, ?) ORDER BY created",
-                (IncidentStatus.ACTING.value, IncidentStatus.OPEN.value),
+                f"SELECT {_INCIDENT_COLUMNS} FROM incidents WHERE status IN (?, ?) OR (status = ? AND EXISTS "
+                "(SELECT 1 FROM actions a WHERE a.incident_id = incidents.id AND a.state IN (?, ?, ?))) "
+                "ORDER BY created",
+                (
+                    IncidentStatus.ACTING.value,
+                    IncidentStatus.OPEN.value,
+                    IncidentStatus.BLOCKED.value,
+                    *sorted(s.value for s in UNFINISHED_ACTIONS),
+                ),
             ).fetchall()
             out = [self._incident(r) for r in rows]
         for inc in out:

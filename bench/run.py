@@ -470,6 +470,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         result.update(run_pipeline_figures(args))
     if not args.no_remediation:
         result.update(run_remediation_figures(args))
+        from bench.breaker import run_breaker
+
+        result.update(run_breaker())
     if not args.no_coldstart:
         from bench.coldstart import run_coldstart
 

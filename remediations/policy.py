@@ -357,6 +357,9 @@ class EscalationRule(_Model):
 class RestartBudget(_Model):
     max: int = Field(ge=1, le=1000)
     window: Duration
+    # Restarts over a job's whole lineage (each recreation carries the count in trainmedic.io/restarts):
+    # a job failing just slower than the rate budget would otherwise be restarted forever.
+    lifetime_max: int = Field(10, ge=1, le=10_000)
 
 
 class Backoff(_Model):
@@ -567,6 +570,11 @@ class PolicyContext:
     now: float = field(default_factory=time.time)
     # Log lines around the failure (the scene's log tails): hints look for the framework there too.
     texts: tuple[str, ...] = ()
+    # The nodes of `pool` that carry trainmedic's taint now, read from the cluster (None: unknown, the
+    # recorded history counts instead). Every brain reads the same nodes, so every brain counts alike.
+    quarantined: frozenset[str] | None = None
+    # How many times trainmedic recreated this job's lineage so far (its trainmedic.io/restarts).
+    lineage_restarts: int = 0
 
     def __post_init__(self) -> None:
         both = bool(self.opt_out or self.remediate_opt_out)
@@ -576,6 +584,7 @@ class PolicyContext:
 
 # --- state keys -------------------------------------------------------------------------------
 
+TAINT_PREFIX = "trainmedic.io/"
 EV_RESTART = "restart"
 EV_QUARANTINE = "quarantine"  # key: pool
 EV_QUARANTINED_NODE = "quarantined_node"  # key: node
@@ -583,11 +592,18 @@ EV_BREAKER_OPEN = "breaker_open"  # key: pool
 EV_FAULT = "fault"  # key: escalation rule + node (+ device)
 EV_FAULT_SEEN = "fault_seen"  # key: incident
 EV_DONE = "done"  # key: incident + action (commit is idempotent per incident and action)
+# A quarantine reserved before the node is tainted holds its place this long: longer than any read of
+# the nodes can be stale, so a node tainted since that read is still counted once, by its name.
+RESERVATION_HOLD_S = 900.0
 _EVER = float("-inf")
 
 
 def _pool_key(pool: str) -> str:
     return f"pool:{pool}"
+
+
+def _restart_key(job_key: str) -> str:
+    return f"restart:{job_key}"
 
 
 def _node_key(node: str) -> str:
@@ -681,6 +697,25 @@ class Policy:
             return ALL_NODES_POOL, len(labelled)
         value = mine[label]
         return f"{label}={value}", sum(labels.get(label) == value for _, labels in labelled)
+
+    def pool_quarantined(self, node: str | None, nodes: Iterable[Mapping[str, Any]]) -> frozenset[str]:
+        """The nodes of `node`'s pool (see `pool_of`) that carry a taint of trainmedic's
+        (`trainmedic.io/...`): the cluster's own count for the circuit breaker."""
+        nodes = list(nodes)
+        pool, _ = self.pool_of(node, nodes)
+        out: set[str] = set()
+        for obj in nodes:
+            meta = obj.get("metadata") if isinstance(obj, Mapping) else None
+            if not isinstance(meta, Mapping) or not isinstance(meta.get("name"), str):
+                continue
+            raw = meta.get("labels")
+            labels: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
+            if pool != ALL_NODES_POOL and f"{self.pool_label}={labels.get(self.pool_label or '')}" != pool:
+                continue
+            taints = (obj.get("spec") or {}).get("taints") or []
+            if any(isinstance(t, Mapping) and str(t.get("key", "")).startswith(TAINT_PREFIX) for t in taints):
+                out.add(meta["name"])
+        return frozenset(out)
 
     # -- escalation --
 
@@ -834,27 +869,68 @@ class Policy:
             blocked.append(why)
             return why
         since = ctx.now - breaker.window
-        if state.count(EV_QUARANTINED_NODE, _node_key(ctx.node), since):
-            return None  # already quarantined: idempotent, not counted again
         allowed = breaker.allowed(ctx.pool_size)
-        done = state.count(EV_QUARANTINE, _pool_key(ctx.pool), since)
+        if ctx.quarantined is not None:
+            taken = set(ctx.quarantined) | state.reserved(_pool_key(ctx.pool), ctx.now - RESERVATION_HOLD_S)
+            if ctx.node in taken:
+                return None  # already quarantined (or on its way): idempotent, not counted again
+            done = len(taken)
+        else:
+            if state.count(EV_QUARANTINED_NODE, _node_key(ctx.node), since):
+                return None  # already quarantined: idempotent, not counted again
+            done = state.count(EV_QUARANTINE, _pool_key(ctx.pool), since)
         tripped = state.count(EV_BREAKER_OPEN, _pool_key(ctx.pool), since) > 0
         if not tripped and done < allowed:
             return None
         plan.page = True
         plan.breaker_open = True
+        why = self._breaker_text(ctx, ctx.node, done, allowed)
+        blocked.append(why)
+        return why
+
+    def _breaker_text(self, ctx: PolicyContext, node: str, done: int, allowed: int) -> I18nText:
+        breaker = self.spec.circuit_breaker
         size = "?" if ctx.pool_size is None else str(ctx.pool_size)
         pool = "all nodes" if ctx.pool == ALL_NODES_POOL else f"pool {ctx.pool}"
         pool_zh = "全部节点" if ctx.pool == ALL_NODES_POOL else f"节点池 {ctx.pool}"
         window = format_duration(breaker.window)
-        why = _t(
+        return _t(
             f"Circuit breaker open for {pool}: {done} of {size} nodes quarantined in the last {window} "
-            f"(at most {allowed} allowed); node {ctx.node} is not quarantined. A person must look.",
+            f"(at most {allowed} allowed); node {node} is not quarantined. A person must look.",
             f"{pool_zh} 的熔断已打开：最近 {window} 内已隔离 {size} 个节点中的 {done} 个（最多允许 {allowed} 个），"
-            f"节点 {ctx.node} 未被隔离，需要人工处理。",
+            f"节点 {node} 未被隔离，需要人工处理。",
         )
-        blocked.append(why)
-        return why
+
+    def reserve_quarantine(
+        self, node: str, ctx: PolicyContext, state: PolicyState, *, incident_id: str | None = None
+    ) -> I18nText | None:
+        """Take `node`'s place under the circuit breaker of `ctx.pool` right before it is tainted.
+
+        The check and the reservation are one atomic step of the state (reserve, act, then
+        `commit_quarantine`, or `release_quarantine` when the act did not happen), so faults planned
+        at the same moment cannot all pass a count read before any of them acted. The places taken
+        are the pool's nodes carrying our taint (`ctx.quarantined`, from the cluster) and the
+        reservations not yet visible there. None when reserved; else why not (the breaker is then
+        recorded open for its window).
+        """
+        breaker = self.spec.circuit_breaker
+        allowed = breaker.allowed(ctx.pool_size)
+        held = set(ctx.quarantined or ())
+        since = ctx.now - breaker.window
+        tripped = state.count(EV_BREAKER_OPEN, _pool_key(ctx.pool), since) > 0
+        if node in held:
+            return None
+        if not tripped and state.reserve(
+            _pool_key(ctx.pool), node, limit=allowed, held=held, t=ctx.now, since=ctx.now - RESERVATION_HOLD_S
+        ):
+            return None
+        done = len(held | state.reserved(_pool_key(ctx.pool), ctx.now - RESERVATION_HOLD_S))
+        self.commit_breaker(ctx, state, incident_id=incident_id)
+        return self._breaker_text(ctx, node, done, allowed)
+
+    def release_quarantine(self, node: str, ctx: PolicyContext, state: PolicyState) -> None:
+        """Give back the place `reserve_quarantine` took for `node` (its taint was not written)."""
+        state.release(_pool_key(ctx.pool), node)
 
     def _check_restart(
         self,
@@ -870,6 +946,16 @@ class Policy:
                 "The failed pods belong to no known workload: there is nothing to restart.",
                 "故障 Pod 不属于任何已知的工作负载：没有可以重启的对象。",
             )
+        if ctx.lineage_restarts >= budget.lifetime_max:
+            plan.page = True
+            why = _t(
+                f"Lifetime restart cap reached: {ctx.job_key} was already recreated {ctx.lineage_restarts} times "
+                f"(at most {budget.lifetime_max} per job lineage). It keeps failing: a person must look.",
+                f"已达重启次数上限：{ctx.job_key} 已被重建 {ctx.lineage_restarts} 次"
+                f"（每个作业谱系最多 {budget.lifetime_max} 次），作业反复失败，需要人工处理。",
+            )
+            blocked.append(why)
+            return why
         recent = state.times(EV_RESTART, ctx.job_key, ctx.now - budget.window)
         window = format_duration(budget.window)
         if len(recent) >= budget.max:
@@ -895,6 +981,35 @@ class Policy:
             blocked.append(why)
             return why
         return None
+
+    def restart_refused(self, ctx: PolicyContext, state: PolicyState, incident_id: str) -> I18nText | None:
+        """The restart budgets checked again when a planned restart is about to run (an approval may
+        come long after the plan), and the restart's place in the budget reserved in the same atomic
+        step of the state (reserve, act, then `commit_restart`, or `release_restart` when nothing was
+        deleted): two brains restarting one job at once (a rebalance) cannot both spend its last
+        restart. None when it may run, else why not."""
+        budget, backoff = self.budgets_for(ctx.namespace)
+        if incident_id and state.count(EV_DONE, f"{_incident_key(incident_id)}|restart", _EVER):
+            return None  # this incident's own restart, already counted
+        plan = Plan(incident_id=incident_id, mode=Mode.ENFORCE, matched="")
+        why = self._check_restart(plan, ctx, state, budget, backoff, [])
+        if why is not None or not ctx.job_key:
+            return why
+        since = ctx.now - budget.window
+        done = {f"@{t!r}" for t in state.times(EV_RESTART, ctx.job_key, since)}
+        if state.reserve(_restart_key(ctx.job_key), incident_id, limit=budget.max, held=done, t=ctx.now, since=since):
+            return None
+        return _t(
+            f"Restart budget spent: another restart of {ctx.job_key} is under way and would use its last "
+            f"place (at most {budget.max} in {format_duration(budget.window)}). A person must look.",
+            f"重启预算已用完：{ctx.job_key} 的另一次重启正在进行，将用掉最后的名额"
+            f"（{format_duration(budget.window)} 内最多 {budget.max} 次），需要人工处理。",
+        )
+
+    def release_restart(self, ctx: PolicyContext, state: PolicyState, incident_id: str) -> None:
+        """Give back the place `restart_refused` reserved (the workload was not deleted)."""
+        if ctx.job_key:
+            state.release(_restart_key(ctx.job_key), incident_id)
 
     def _params(self, spec: ActionSpec, rc: RootCause, ctx: PolicyContext, quarantine: bool) -> dict[str, Any]:
         exclude = [ctx.node] if ctx.node and (quarantine or getattr(spec, "exclude_node", False)) else []
@@ -934,6 +1049,9 @@ class Policy:
         if not ctx.job_key or not self._once(state, incident_id, "restart", ctx.now):
             return False
         state.record(EV_RESTART, ctx.job_key, ctx.now)
+        if incident_id:
+            # Recorded: the reservation has become the restart (counted once more meanwhile: conservative).
+            state.release(_restart_key(ctx.job_key), incident_id)
         return True
 
     def commit_quarantine(

@@ -18,6 +18,7 @@ import sqlite3
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Collection
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -35,6 +36,14 @@ MIGRATIONS: list[str] = [
     );
     CREATE INDEX policy_events_kind_key_t ON policy_events (kind, key, t);
     CREATE INDEX policy_events_t ON policy_events (t);
+    """,
+    """
+    CREATE TABLE reservations (
+        key TEXT NOT NULL,
+        member TEXT NOT NULL,
+        t REAL NOT NULL,
+        PRIMARY KEY (key, member)
+    );
     """,
 ]
 
@@ -57,13 +66,45 @@ class PolicyState(Protocol):
         """The times of the `(kind, key)` events at `t >= since`, oldest first."""
         ...
 
+    def reserve(self, key: str, member: str, *, limit: int, held: Collection[str], t: float, since: float) -> bool:
+        """Atomically take a place for `member` under `key`: the places taken are `held` (what the
+        cluster shows) together with the reservations made at `t >= since`, counted by member. True
+        when `member` already has a place or one is left below `limit` (and is now taken)."""
+        ...
+
+    def reserved(self, key: str, since: float) -> set[str]:
+        """The members holding a reservation under `key` made at `t >= since`."""
+        ...
+
+    def release(self, key: str, member: str) -> None:
+        """Give `member`'s place under `key` back (the action it was reserved for did not happen)."""
+        ...
+
 
 class MemoryPolicyState:
     """In-process history (tests, the embedded mode). Thread-safe."""
 
     def __init__(self) -> None:
         self._events: defaultdict[tuple[str, str], list[float]] = defaultdict(list)
+        self._reservations: defaultdict[str, dict[str, float]] = defaultdict(dict)
         self._lock = threading.Lock()
+
+    def reserve(self, key: str, member: str, *, limit: int, held: Collection[str], t: float, since: float) -> bool:
+        with self._lock:
+            mine = self._reservations[key]
+            taken = set(held) | {m for m, at in mine.items() if at >= since}
+            if member not in taken and len(taken) >= limit:
+                return False
+            mine[member] = max(float(t), mine.get(member, float(t)))
+            return True
+
+    def reserved(self, key: str, since: float) -> set[str]:
+        with self._lock:
+            return {m for m, at in self._reservations.get(key, {}).items() if at >= since}
+
+    def release(self, key: str, member: str) -> None:
+        with self._lock:
+            self._reservations.get(key, {}).pop(member, None)
 
     def record(self, kind: str, key: str, t: float) -> None:
         with self._lock:
@@ -124,6 +165,7 @@ class SqlitePolicyState:
             cutoff = (time.time() if now is None else now) - retention_s
             with self._lock:
                 self._conn.execute("DELETE FROM policy_events WHERE t < ?", (cutoff,))
+                self._conn.execute("DELETE FROM reservations WHERE t < ?", (cutoff,))
         except PolicyStateError:
             self._conn.close()
             raise
@@ -183,6 +225,40 @@ class SqlitePolicyState:
         with self._lock:
             cur = self._conn.execute("DELETE FROM policy_events WHERE t < ?", (before,))
         return int(cur.rowcount)
+
+    def reserve(self, key: str, member: str, *, limit: int, held: Collection[str], t: float, since: float) -> bool:
+        with self._lock:
+            # BEGIN IMMEDIATE: the count and the insert happen under the file's write lock, so two
+            # processes sharing the file cannot both take the last place.
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                rows = self._conn.execute(
+                    "SELECT member FROM reservations WHERE key = ? AND t >= ?", (key, since)
+                ).fetchall()
+                taken = set(held) | {str(r[0]) for r in rows}
+                ok = member in taken or len(taken) < limit
+                if ok:
+                    self._conn.execute(
+                        "INSERT INTO reservations (key, member, t) VALUES (?, ?, ?) "
+                        "ON CONFLICT (key, member) DO UPDATE SET t = max(t, excluded.t)",
+                        (key, member, float(t)),
+                    )
+                self._conn.execute("COMMIT")
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+        return ok
+
+    def reserved(self, key: str, since: float) -> set[str]:
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT member FROM reservations WHERE key = ? AND t >= ?", (key, since)
+            ).fetchall()
+        return {str(r[0]) for r in rows}
+
+    def release(self, key: str, member: str) -> None:
+        with self._lock:
+            self._conn.execute("DELETE FROM reservations WHERE key = ? AND member = ?", (key, member))
 
     def close(self) -> None:
         with self._lock:

@@ -302,6 +302,23 @@ _BRANCHES: tuple[_Branch, ...] = (
         caseless=True,
     ),
     _Branch(
+        # `--password X`, `--api-key X`, `--hf_token X`: a secret-named flag and its value after a space.
+        "flag",
+        r"""(?P<k_flag>(?<![A-Za-z0-9])--?(?:[A-Za-z0-9]+[_-])*(?i:""" + _KV_KEYS + r""")[ \t]+)"""
+        r"""[^\s"',;&<-][^\s"',;&<]*""",
+        r"""--?(?:[a-z0-9]+[_-])*""" + _KV_KEYS + r"""[ \t]+[^\s"',;&<-]""",
+        ("passw", "token", "secret", "api_key", "api-key", "apikey", "access_key", "access-key", "private_key"),
+        caseless=True,
+    ),
+    _Branch(
+        # Slack incoming-webhook and workflow URLs: the path is the credential.
+        "slack",
+        r"""(?P<k_slack>hooks\.slack\.com/(?:services|workflows|triggers)/)[^\s"'<>]+""",
+        r"""hooks\.slack\.com/(?:services|workflows|triggers)/[^\s"'<>]""",
+        ("hooks.slack.com",),
+        caseless=True,
+    ),
+    _Branch(
         "url",
         r"""(?P<k_url>(?<=[A-Za-z0-9+.-])://)[^\s/:@"'<>]+:[^\s/@"'<>]*(?P<t_url>@)""",
         r"""[A-Za-z0-9+.-]://[^\s/:@"'<>]+:[^\s/@"'<>]*@""",
@@ -323,6 +340,8 @@ _BRANCHES: tuple[_Branch, ...] = (
     ),
 )
 _PK = 0
+# A command-line flag that names a secret, alone in its argument (its value is the next one).
+SECRET_FLAG = re.compile(r"^--?(?:[A-Za-z0-9]+[_-])*" + _KV_KEYS + r"$", re.IGNORECASE)
 
 
 class _Redactor:
@@ -475,7 +494,15 @@ def _redact_obj(obj: Any, settings: SceneSettings, counter: list[int], redactor:
                 out[key] = _redact_obj(v, settings, counter, redactor)
         return out
     if isinstance(obj, list | tuple):
-        return [_redact_obj(v, settings, counter, redactor) for v in obj]
+        out_list: list[Any] = []
+        for i, v in enumerate(obj):
+            if i and isinstance(v, str) and isinstance(obj[i - 1], str) and SECRET_FLAG.match(obj[i - 1]):
+                # args split in two: ["--hf_token", "hf_..."]: the value is the element after the flag.
+                out_list.append(MASK)
+                counter[0] += 1
+            else:
+                out_list.append(_redact_obj(v, settings, counter, redactor))
+        return out_list
     if isinstance(obj, str):
         new, n = redactor.redact_str(obj)
         counter[0] += n
@@ -485,6 +512,12 @@ def _redact_obj(obj: Any, settings: SceneSettings, counter: list[int], redactor:
     if obj is None or isinstance(obj, bool | int | float):
         return obj
     return str(obj)
+
+
+def redact_object(obj: Any, settings: SceneSettings | None = None) -> Any:
+    """A copy of a JSON-like object as the scene writes objects: env values masked unless they only
+    configure the job, every string through the text redaction, secret flags' values in args."""
+    return _redact_obj(obj, settings or SceneSettings(), [0], _redactor())
 
 
 def _env_allowed(name: str, settings: SceneSettings) -> bool:

@@ -284,6 +284,7 @@ _L: dict[str, dict[str, str]] = {
         "device": "device",
         "rank": "rank",
         "updates": "{n} incidents",
+        "affected": "{nodes} nodes and {jobs} jobs affected",
         "by_class": "By fault class",
         "by_status": "By status",
         "more": "… and {m} more",
@@ -307,6 +308,7 @@ _L: dict[str, dict[str, str]] = {
         "device": "设备",
         "rank": "rank",
         "updates": "{n} 个事件",
+        "affected": "涉及 {nodes} 个节点、{jobs} 个作业",
         "by_class": "按故障类型",
         "by_status": "按状态",
         "more": "……另有 {m} 条",
@@ -579,8 +581,11 @@ def _digest(ns: Sequence[Notice], lang: str, d: _Dialect, budget: int) -> str:
     sev = " · ".join(
         f"{label(SEVERITY_TEXT, s, lang)} {by_sev[s]}" for s in ("critical", "warning", "info") if by_sev[s]
     )
+    nodes = len({n.node for n in ns if n.node})
+    jobs = len({(n.namespace, n.job) for n in ns if n.job})
     head = [
         f"{d.bold(w['updates'].format(n=len(ns)))} · {sev}",
+        d.bold(w["affected"].format(nodes=nodes, jobs=jobs)),
         f"{d.bold(w['by_class'])}{colon}{_counts([n.fault_class or '-' for n in ns], lang)}",
         f"{d.bold(w['by_status'])}{colon}{_counts([n.status for n in ns], lang, STATUS_TEXT)}",
     ]

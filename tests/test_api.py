@@ -143,8 +143,11 @@ def make_app(
 
 
 @contextlib.asynccontextmanager
-async def client(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://trainmedic") as c:
+async def client(app: FastAPI, *, auth: bool = True) -> AsyncIterator[httpx.AsyncClient]:
+    """A client of the app; it sends the token (reads need it by default) unless `auth` is False."""
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://trainmedic", headers=AUTH if auth else None
+    ) as c:
         yield c
 
 
@@ -476,7 +479,11 @@ VARIANTS: dict[str, ApiSettings] = {
     "no-token": ApiSettings(),
     "explicitly-open": ApiSettings(allow_unauthenticated=True),
     "read-auth": ApiSettings(token=TOKEN, read_auth=True),
+    "token-open-reads": ApiSettings(token=TOKEN, read_auth=False),
+    "no-token-open-reads": ApiSettings(read_auth=False),
 }
+# Reads are protected unless a setting opens them explicitly (read_auth: false, or no auth at all).
+OPEN_READS = ("token-open-reads", "no-token-open-reads", "explicitly-open")
 HEADERS: dict[str, dict[str, str]] = {
     "none": {},
     "right": AUTH,
@@ -503,10 +510,10 @@ ROUTES: dict[str, tuple[str, str, str, Any]] = {
 def expected_status(variant: str, header: str, kind: str) -> int:
     if kind == "probe":
         return 200
-    protected = kind == "write" or variant == "read-auth"
+    protected = kind == "write" or variant not in OPEN_READS
     if not protected or variant == "explicitly-open":
         return 200
-    if variant == "no-token":
+    if variant.startswith("no-token"):
         return 503
     return 200 if header in ("right", "lowercase-scheme") else 401
 
@@ -519,7 +526,7 @@ async def test_auth_matrix(engine: Engine, store: IncidentStore, variant: str, h
     kind, method, path, body = ROUTES[route]
     ingest = Recorder()
     app = make_app(engine, store, settings=VARIANTS[variant], ingest=ingest, render=render_stub)
-    async with client(app) as c:
+    async with client(app, auth=False) as c:
         r = await c.request(method, path, json=body, headers=HEADERS[header])
     want = expected_status(variant, header, kind)
     assert r.status_code == want, r.text
@@ -622,7 +629,7 @@ async def test_chunked_body_under_the_limit_goes_through(engine: Engine) -> None
 async def test_auth_is_checked_before_the_body_is_read(engine: Engine) -> None:
     app = make_app(engine, settings=ApiSettings(token=TOKEN, max_body_bytes=1024))
     consumed: list[int] = []
-    async with client(app) as c:
+    async with client(app, auth=False) as c:
         r = await c.post(
             "/api/v1/diagnose", content=_chunks(100, 400, consumed), headers={"Content-Type": "text/plain"}
         )
@@ -1021,7 +1028,7 @@ async def test_served_over_a_real_socket_with_graceful_stop(engine: Engine, stor
             assert server is not None and server.port > 0
             r = await c.get(f"{server.url}/healthz")
             assert r.status_code == 200
-            r = await c.get(f"{server.url}/api/v1/incidents/{AWAITING[:6]}")
+            r = await c.get(f"{server.url}/api/v1/incidents/{AWAITING[:6]}", headers=AUTH)
             assert r.json()["id"] == AWAITING
             consumed: list[int] = []
             r = await c.post(
@@ -1198,7 +1205,7 @@ async def test_the_agent_serves_its_store_and_takes_alerts(
     try:
         url = await _agent_url(caplog)
         await diagnoses.start()
-        async with httpx.AsyncClient(base_url=url) as c:
+        async with httpx.AsyncClient(base_url=url, headers=AUTH) as c:
             await _wait(lambda: agent.brain is not None and agent.brain.ready.is_set())
             ready = await c.get("/readyz")
             assert ready.status_code == 200, ready.text
@@ -1242,7 +1249,7 @@ async def test_the_agent_without_a_store_file_serves_the_rest(tmp_path: Path, ca
     assert "no incident store" in agent.disabled["api-incidents"]
     task = asyncio.create_task(run_agent(agent, drain_timeout_s=5))
     try:
-        async with httpx.AsyncClient(base_url=await _agent_url(caplog)) as c:
+        async with httpx.AsyncClient(base_url=await _agent_url(caplog), headers=AUTH) as c:
             assert (await c.get("/api/v1/incidents")).status_code == 503
             assert (await c.get("/healthz")).status_code == 200
     finally:
@@ -1278,3 +1285,26 @@ async def test_the_agent_keeps_running_when_its_port_is_taken(tmp_path: Path, ca
         finally:
             agent.stop.set()
             await asyncio.wait_for(task, 20)
+
+
+@pytest.mark.parametrize("path", ["/api/v1/incidents/{id}", "/api/v1/incidents"])
+@pytest.mark.asyncio
+async def test_an_old_journal_with_env_values_is_served_redacted(engine: Engine, tmp_path: Path, path: str) -> None:
+    """A restart journalled before bodies were kept apart held the live spec; the API masks it."""
+    s = IncidentStore(tmp_path / "old.db", clock=Clock())
+    body = {
+        "kind": "Job",
+        "spec": {"template": {"spec": {"containers": [{
+            "name": "t",
+            "env": [{"name": "WANDB_API_KEY", "value": "wandb-secret-value"}],
+            "args": ["--hf_token", "hf_secretvalue"],
+        }]}}},
+    }  # fmt: skip
+    s.open_incident("c0ffee00", key="job:train/llama", diagnosis={}, revision=1)
+    s.set_plan("c0ffee00", {}, "enforce", [("restart_from_checkpoint", {"body": body})])
+    async with client(make_app(engine, s)) as c:
+        r = await c.get(path.format(id="c0ffee00"))
+    s.close()
+    assert r.status_code == 200
+    assert "wandb-secret-value" not in r.text and "hf_secretvalue" not in r.text
+    assert "WANDB_API_KEY" in r.text

@@ -52,3 +52,20 @@ def test_json_contract_shape(capsys: pytest.CaptureFixture[str], monkeypatch: py
     assert set(out["root_cause"]) == contract | {"chain", "candidates"}
     for finding in out["findings"]:
         assert {"rule_id", "fault_class", "chip", "code", "source", "line_no", "text"} <= set(finding)
+
+
+@pytest.mark.parametrize("control", ["\u009b31m", "\u0085", "\u009d0;title\u009c", "\x1b[2J", "\x07"])
+@pytest.mark.parametrize("fmt", ["text", "markdown"])
+def test_diagnose_output_carries_no_control_characters(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], control: str, fmt: str
+) -> None:
+    log = tmp_path / "train.log"
+    log.write_text(
+        f"NVRM: Xid (PCI:0000:3b:00): 79, pid=2876, name=python{control}, GPU has fallen off the bus.{control}\n",
+        encoding="utf-8",
+    )
+    assert main(["diagnose", "--logs", str(log), "--format", fmt]) == 0
+    out = capsys.readouterr().out
+    assert "79" in out
+    bad = [c for c in out if (ord(c) < 32 and c not in "\n\t") or 0x7F <= ord(c) <= 0x9F]
+    assert bad == []

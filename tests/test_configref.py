@@ -181,3 +181,24 @@ def test_readme_carries_the_generated_reference() -> None:
         "README.md's configuration reference is stale: replace the block between the markers with "
         "the output of `trainmedic config reference`"
     )
+
+
+@pytest.mark.parametrize(
+    ("url", "shown", "hidden"),
+    [
+        ("https://ops:PASSWORDSECRET@ops.example/hooks/x", "ops.example", "PASSWORDSECRET"),
+        ("https://oapi.dingtalk.com/robot/send?access_token=TOKENSECRET", "oapi.dingtalk.com", "TOKENSECRET"),
+        ("https://hooks.slack.com/services/T000/B000/SLACKSECRET", "hooks.slack.com/services/", "SLACKSECRET"),
+        ("https://open.feishu.cn/open-apis/bot/v2/hook/FEISHUSECRET", "open.feishu.cn", "FEISHUSECRET"),
+    ],
+)
+def test_cli_show_hides_credentials_in_urls(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], url: str, shown: str, hidden: str
+) -> None:
+    from agent.cli import main
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"notify:\n  sinks:\n    - kind: cloudevents\n      url: '{url}'\n", encoding="utf-8")
+    assert main(["config", "show", "--config", str(cfg)]) == 0
+    out = capsys.readouterr().out
+    assert shown in out and hidden not in out

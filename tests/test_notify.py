@@ -774,7 +774,7 @@ def test_the_threaded_receiver_records_scripts_and_goes_down() -> None:
 def test_sink_defaults_depend_on_the_kind() -> None:
     chat = SinkSettings(kind="dingtalk", url="https://oapi.dingtalk.com/robot/send?access_token=x")
     ce = SinkSettings(kind="cloudevents", url="https://ops.example/hooks/trainmedic")
-    assert (chat.sink_name, chat.effective_burst, ce.effective_burst) == ("dingtalk", 10, 60)
+    assert (chat.sink_name, chat.effective_burst, ce.effective_burst) == ("dingtalk", 3, 5)
     assert "acting" not in chat.effective_statuses and "resolved" in chat.effective_statuses
     assert "acting" in ce.effective_statuses
 
@@ -977,3 +977,83 @@ async def test_on_shutdown_the_agent_flushes_what_the_rate_limit_held_back(tmp_p
         assert [r.header("x-trainmedic-dedup-count") for r in rx.accepted] == ["1", "2"]
         with Outbox(s.remediate.store) as ob:
             assert ob.counts() == {"pending": 0, "delivered": 3, "dead": 0}
+
+
+# -- credentials in URLs never reach a log ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("status", [200, 404, 500])
+@pytest.mark.parametrize(
+    ("kind", "path"),
+    [
+        ("slack", "/services/T0SECRET1/B0SECRET2/HOOKSECRETHOOKSECRET"),
+        ("cloudevents", "/hook?token=QUERYSECRET&sig=QUERYSIG"),
+        ("feishu", "/open-apis/bot/v2/hook/HOOKSECRET-1234"),
+    ],
+)
+@pytest.mark.looptime
+@pytest.mark.asyncio
+async def test_no_logger_prints_url_credentials_across_a_real_delivery(
+    h: Harness, caplog: pytest.LogCaptureFixture, kind: str, path: str, status: int
+) -> None:
+    caplog.set_level(logging.DEBUG)  # the root logger, every logger under it
+    h.rx.default = Reply(status, OK_BODY[kind] if status == 200 else {"error": "x"})
+    host = h.rx.url.split("://", 1)[1]
+    url = f"http://hookuser:PASSWORDSECRET@{host}{path}"
+    extra = {"secret": SECRET} if kind in ("cloudevents", "feishu") else {}
+    n = await h.start(sink(kind, url, **extra), retry_initial_s=1, retry_max_s=2)
+    await n.enqueue(incident_event("inc-1", "failed"))
+    await h.rx.wait_for(1, accepted=False)
+    await asyncio.sleep(0.2)  # the answer is read and logged
+    text = caplog.text + "\n".join(r.getMessage() for r in caplog.records)
+    assert "HTTP Request" in text or "delivered" in text or "refused" in text or "retrying" in text
+    for secret in ("PASSWORDSECRET", "hookuser", "QUERYSECRET", "QUERYSIG", "HOOKSECRET", "T0SECRET1"):
+        assert secret not in text, f"{secret} was logged"
+    h.rx.default = Reply(200, OK_BODY[kind])  # let the retries end so the notifier stops at once
+
+
+# -- storms with the shipped defaults --------------------------------------------------------------
+
+
+def node_incident(i: int, status: str) -> Event:
+    payload = IncidentEvent(
+        incident_id=f"inc-{i:03d}",
+        status=status,
+        job=JobRef(namespace="train", name=f"job-{i % 250:03d}"),  # 500 nodes, 250 two-node jobs
+        node=f"gpu-{i:03d}",
+        root_cause=root_cause(f"gpu-{i:03d}"),
+        mode="enforce",
+    )
+    return make_event(payload, producer="brain/test", at=BASE)
+
+
+@pytest.mark.looptime
+@pytest.mark.asyncio
+@pytest.mark.parametrize("kind", ["cloudevents", "feishu", "dingtalk", "wecom", "slack"])
+async def test_a_500_node_outage_is_at_most_10_messages_a_sink_with_the_shipped_defaults(h: Harness, kind: str) -> None:
+    """No burst or window set: the defaults. Every incident of the outage goes open -> acting at once,
+    then ends (failed or resolved) over the next minutes."""
+    h.rx.default = Reply(200, OK_BODY[kind])
+    extra = {"secret": SECRET} if kind in ("cloudevents", "feishu", "dingtalk") else {}
+    n = await h.start(sink(kind, h.rx.url, **extra))
+    for status in ("open", "acting"):
+        for i in range(500):
+            await n.enqueue(node_incident(i, status))
+        await asyncio.sleep(2)
+    await asyncio.sleep(60)
+    for i in range(500):
+        await n.enqueue(node_incident(i, "failed" if i % 2 else "resolved"))
+        await asyncio.sleep(0.18)
+    queued = n.outbox.counts()
+    await h.settled(n, sum(queued.values()))
+    reqs = h.rx.accepted
+    assert len(reqs) <= 10, [_digest_count(r) for r in reqs]
+    assert sum(_digest_count(r) for r in reqs) == sum(queued.values())
+    digests = [r for r in reqs if _digest_count(r) > 1]
+    assert digests
+    for r in digests:
+        # A digest names how many nodes and jobs the outage touches.
+        assert int(r.header("x-trainmedic-affected-nodes") or 0) > 1
+        assert int(r.header("x-trainmedic-affected-jobs") or 0) > 1
+        if kind != "cloudevents":
+            assert "nodes and" in r.body.decode() and "jobs affected" in r.body.decode()

@@ -365,9 +365,12 @@ async def test_a_pipeline_incident_reaches_every_sink_has_reports_and_is_served_
             feishu = await rx.wait_for(1, path="/feishu", timeout=30)
             server = await until("the API listening", lambda: getattr(run.agent.api_app.state, "server", None))
             async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.port}") as api:
-                detail = await api.get(f"/api/v1/incidents/{incident_id[:12]}")
+                # Reads need the token too (read_auth defaults to required).
+                assert (await api.get(f"/api/v1/incidents/{incident_id[:12]}")).status_code == 401
+                bearer = {"Authorization": f"Bearer {token}"}
+                detail = await api.get(f"/api/v1/incidents/{incident_id[:12]}", headers=bearer)
                 report = await api.get(
-                    f"/api/v1/incidents/{incident_id}/report", params={"format": "html", "lang": "zh"}
+                    f"/api/v1/incidents/{incident_id}/report", params={"format": "html", "lang": "zh"}, headers=bearer
                 )
                 anonymous = await api.post(f"/api/v1/incidents/{incident_id}/approve", json={"by": "someone"})
                 wrong = await api.post(
@@ -380,7 +383,7 @@ async def test_a_pipeline_incident_reaches_every_sink_has_reports_and_is_served_
                     json={"by": "someone"},
                     headers={"Authorization": f"Bearer {token}"},
                 )
-                metrics = await api.get("/metrics")
+                metrics = await api.get("/metrics", headers=bearer)
             await until("the report files", (env.tmp / "scenes" / incident_id / "report.zh.html").is_file)
         finally:
             await run.stop()

@@ -112,3 +112,17 @@ def test_not_a_database(tmp_path: Path) -> None:
     path.write_bytes(b"\x00garbage" * 1000)
     with pytest.raises(StoreError, match=r"s\.db"):
         IncidentStore(path)
+
+
+@pytest.mark.parametrize("prefix", ["____", "%%%%", "a1b_", "a1b%", "_1b2", "A1B2"])
+def test_an_id_prefix_is_matched_literally(tmp_path: Path, prefix: str) -> None:
+    """`_` and `%` are not wildcards: `____` must not find (and let anyone approve) an incident."""
+    store = IncidentStore(tmp_path / "s.db")
+    store.open_incident("a1b2c3d4", key="job:t/a", diagnosis={}, revision=1)
+    store.set_status("a1b2c3d4", IncidentStatus.AWAITING_APPROVAL)
+    assert store.find(prefix) is None
+    with pytest.raises(StoreError):
+        store.approve(prefix, by="mallory")
+    assert store.get("a1b2c3d4").status is IncidentStatus.AWAITING_APPROVAL
+    assert store.find("a1b2").id == "a1b2c3d4"  # type: ignore[union-attr]
+    store.close()

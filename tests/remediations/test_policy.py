@@ -1142,3 +1142,25 @@ def test_hints_for_other_classes_are_empty(shipped: Policy, re_engine: Engine) -
     diagnosis = diagnose(re_engine, XID79)
     assert diagnosis.root_cause is not None
     assert shipped.decide("i", diagnosis.root_cause, diagnosis.findings, ctx(), MemoryPolicyState()).hints == []
+
+
+@pytest.mark.parametrize("budget", [1, 2])
+def test_a_restart_reserves_its_place_in_the_budget_atomically(budget: int) -> None:
+    """Two brains restarting one job at once (a rebalance): together no more than the budget."""
+    from remediations.policy import PolicyContext
+    from remediations.policy_state import MemoryPolicyState
+
+    policy = parse_policy(
+        f"version: 1\nmode: enforce\nbudgets:\n  restarts: {{max: {budget}, window: 1h}}\n"
+        "  backoff: {base: 1s, max: 1s}\n"
+        "rules:\n  - id: r\n    match: {fault_class: device_error}\n    actions: [restart_from_checkpoint]\n"
+    )
+    state = MemoryPolicyState()
+    ctx = PolicyContext(namespace="train", job_key="job:train/llama", now=1000.0)
+    allowed = [i for i in range(4) if policy.restart_refused(ctx, state, f"inc-{i}") is None]
+    assert allowed == list(range(budget))
+    # A reservation given back (nothing was deleted) frees its place; a committed one keeps it.
+    policy.release_restart(ctx, state, "inc-0")
+    assert policy.restart_refused(ctx, state, "inc-9") is None
+    policy.commit_restart(ctx, state, incident_id="inc-9")
+    assert policy.restart_refused(ctx, state, "inc-10") is not None

@@ -176,3 +176,31 @@ def test_unopenable_path_is_a_clear_error(tmp_path: Path) -> None:
     blocker.write_text("x")
     with pytest.raises(PolicyStateError, match="cannot open"):
         SqlitePolicyState(blocker / "state.db", now=NOW)
+
+
+@pytest.mark.parametrize(
+    ("held", "reserved", "member", "ok"),
+    [
+        (set(), [], "a", True),
+        ({"x"}, ["y"], "a", False),  # two places taken of two
+        ({"x"}, [], "a", True),
+        ({"x"}, ["y"], "y", True),  # already holds a place
+        ({"x", "y"}, [], "x", True),  # already tainted
+        ({"y"}, ["y"], "a", True),  # a reservation now visible on the node counts once
+    ],
+)
+def test_reserve_counts_held_and_reserved_members_once(
+    state: PolicyState, held: set[str], reserved: list[str], member: str, ok: bool
+) -> None:
+    for m in reserved:
+        assert state.reserve("pool:p", m, limit=10, held=set(), t=NOW, since=NOW - 60)
+    assert state.reserve("pool:p", member, limit=2, held=held, t=NOW, since=NOW - 60) is ok
+    assert (member in state.reserved("pool:p", NOW - 60) | held) is ok
+
+
+def test_release_gives_the_place_back_and_old_reservations_expire(state: PolicyState) -> None:
+    assert state.reserve("pool:p", "a", limit=1, held=set(), t=NOW, since=NOW - 60)
+    assert not state.reserve("pool:p", "b", limit=1, held=set(), t=NOW, since=NOW - 60)
+    state.release("pool:p", "a")
+    assert state.reserve("pool:p", "b", limit=1, held=set(), t=NOW, since=NOW - 60)
+    assert state.reserve("pool:p", "c", limit=1, held=set(), t=NOW + 120, since=NOW + 60)

@@ -375,6 +375,14 @@ SECRETS = [
         "-----BEGIN RSA PRIVATE KEY-----\nMIIEowIBAAKCAQEAx4U3v0zHk7sXOmabcdef\n"
         "Z3h5c2VjcmV0a2V5bWF0ZXJpYWxoZXJl\n-----END RSA PRIVATE KEY-----",
     ),
+    ("password-flag", "python train.py --password {s} --lr 3e-4", "hunter2hunter2"),
+    ("api-key-flag", "wandb login --api-key {s}", "0123456789abcdef0123"),
+    ("token-flag", "torchrun train.py --hf_token {s} --bf16", "hf_qwertyuiopasdfghjklzxcvbnm1234"),
+    (
+        "slack-hook",
+        "posting to https://hooks.slack.com/services/{s} failed",
+        "T0000000/B0000000/XXXXXXXXXXXXXXXXXXXXXXXX",
+    ),
 ]
 
 
@@ -786,3 +794,24 @@ async def test_scene_of_a_hung_job_on_the_emulated_cluster(tmp_path: Path, kube:
     assert scene.workload() is not None and scene.workload()["metadata"]["name"] == "llama"  # type: ignore[index]
     assert [p["what"] for p in scene.manifest["problems"]] == ["metrics.json"]
     assert re.fullmatch(r"\d+\.\d+|\d+", str(scene.manifest["collect_s"]))
+
+
+@pytest.mark.parametrize(
+    ("args", "secret"),
+    [
+        (["--hf_token", "hf_qwertyuiopasdfghjklzxcvbnm1234", "--bf16"], "hf_qwertyuiopasdfghjklzxcvbnm1234"),
+        (["--password", "hunter2hunter2"], "hunter2hunter2"),
+        (["-api-key", "0123456789abcdef"], "0123456789abcdef"),
+        (["--WANDB_API_KEY", "abcdefabcdef"], "abcdefabcdef"),
+    ],
+)
+@pytest.mark.asyncio
+async def test_a_secret_flag_split_from_its_value_in_args_is_redacted(
+    tmp_path: Path, args: list[str], secret: str
+) -> None:
+    source = FakeSource({("llama-0", False): "step 1\n"})
+    pods = [make_pod("llama-0", node="node-a", rank=0, args=args)]
+    result = await save_scene(tmp_path, simple_inputs(pods), source, FAST)
+    files = files_of(result.dir)
+    assert not any(secret.encode() in data for data in files.values())
+    assert any(args[0].encode() in data for data in files.values()), "the flag itself is kept"

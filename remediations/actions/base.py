@@ -1,0 +1,124 @@
+"""What an action is and what it runs against (see remediations/actions/__init__.py).
+
+An action runs against the incident's journal, never against the incident store directly: the
+journal is the responder's adapter over the store (remediations do not import the agent), with
+the states as strings: planned, running, deleting, creating, done, skipped, failed. Each step is
+journalled *before* the cluster changes, so `run()` called again after a crash carries on from the
+state it finds. Failures are raised as the types of remediations.errors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from remediations.kube import KubeOps
+from remediations.policy import Policy, PolicyContext
+from remediations.policy_state import PolicyState
+from trainmedic.events import JobRef
+from trainmedic.models import RootCause
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One action of the incident's plan, as the journal holds it."""
+
+    seq: int
+    name: str
+    state: str
+    params: dict[str, Any]
+    result: dict[str, Any] | None = None
+
+
+class Journal(Protocol):
+    incident_id: str
+
+    def entries(self) -> list[Entry]:
+        """Every action of the incident, read now."""
+        ...
+
+    def update(
+        self, seq: int, state: str, *, params: Mapping[str, Any] | None = None, result: Mapping[str, Any] | None = None
+    ) -> None:
+        """Record a step (journal first: called before the cluster changes)."""
+        ...
+
+
+class RestartSettings(Protocol):
+    wait_gone_s: float
+    gone_deadline_s: float
+    retry_after_s: float
+
+
+class Runtime(Protocol):
+    """What an action uses of the agent that runs it."""
+
+    kube: KubeOps
+    policy: Policy
+    policy_state: PolicyState
+    clock: Callable[[], float]
+
+    @property
+    def settings(self) -> RestartSettings: ...
+
+    async def find_workload(self, job: JobRef) -> dict[str, Any] | None:
+        """The job's workload object, whatever its kind (None: gone)."""
+        ...
+
+    async def replacement(
+        self, incident_id: str, live: dict[str, Any], rc: RootCause
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The body that recreates `live` (checkpoint, excluded nodes, memory), and what went into it."""
+        ...
+
+    def policy_context(self, incident_id: str, rc: RootCause) -> PolicyContext:
+        """The policy context of the incident as its plan recorded it."""
+        ...
+
+    def save_body(self, incident_id: str, seq: int, body: Mapping[str, Any]) -> dict[str, Any]:
+        """Keep the full replacement body outside the journal; the reference the journal keeps."""
+        ...
+
+    def load_body(self, params: Mapping[str, Any]) -> dict[str, Any]: ...
+
+    def drop_body(self, params: Mapping[str, Any]) -> None: ...
+
+
+@dataclass(frozen=True)
+class ActionCall:
+    """One run of one action of one incident."""
+
+    journal: Journal
+    entry: Entry
+    rc: RootCause
+    job: JobRef | None
+    runtime: Runtime
+
+    @property
+    def incident_id(self) -> str:
+        return self.journal.incident_id
+
+    @property
+    def seq(self) -> int:
+        return self.entry.seq
+
+    def state(self) -> str:
+        return next(e.state for e in self.journal.entries() if e.seq == self.seq)
+
+
+@dataclass(frozen=True)
+class ActionDef:
+    """An action: its policy spec, its parameters, its preconditions, its run.
+
+    `parameters` are the keys the plan records for it (the policy builds them). `preconditions`
+    says in words what `run` checks before it changes anything (and raises on when unmet).
+    """
+
+    name: str
+    spec: tuple[type[Any], ...]
+    parameters: tuple[str, ...]
+    preconditions: tuple[str, ...]
+    run: Callable[[ActionCall], Awaitable[None]]
+    # Whether the action changes the cluster (a blocked plan still notifies).
+    mutating: bool = True

@@ -1,0 +1,213 @@
+"""restart_from_checkpoint (and raise_memory_limit, which is the same restart with more memory):
+recreate the job from its last complete checkpoint, bad nodes excluded; exactly once.
+
+Preconditions, checked before anything is deleted: the incident names a workload and it exists;
+it is the incarnation the plan was made for (uid, creationTimestamp, generation: else StalePlan);
+the restart budgets (rate, backoff, the lineage's lifetime cap) still allow it (else ActionBlocked).
+
+Journal: the full replacement body is kept apart (the runtime's `save_body`: never env values in
+the journal) and the redacted body, its reference, the original's uid and kind recorded as the
+state turns `deleting`; the delete is sent (again, after a crash: the uid precondition never
+touches another incarnation), its end awaited (a workload still terminating is waited for, never
+given up: TemporaryActionError, escalated past `gone_deadline_s`), `creating` recorded, the
+replacement created. A create that finds our own object (a crash after it landed) is success.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from collections.abc import Mapping
+from typing import Any, NoReturn
+
+from remediations import workloads as wl
+from remediations.actions.base import ActionCall, ActionDef
+from remediations.errors import ActionBlocked, StalePlan, TemporaryActionError
+from remediations.kube import ConflictError, PermanentKubeError
+from remediations.policy import RestartSpec
+from remediations.scene import redact_object
+from trainmedic.events import JobRef
+
+log = logging.getLogger("trainmedic.responder")
+
+ANN_INCIDENT = "trainmedic.io/incident"
+
+
+def annotation(obj: Mapping[str, Any], name: str) -> str | None:
+    value = ((obj.get("metadata") or {}).get("annotations") or {}).get(name)
+    return str(value) if value is not None else None
+
+
+def identity(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """Which incarnation of a workload this is: a resubmitted job has another uid and creation time, an
+    edited one another generation."""
+    meta = obj.get("metadata") or {}
+    return {k: meta.get(k) for k in ("uid", "creationTimestamp", "generation")}
+
+
+def lineage_restarts(workload: Mapping[str, Any] | None) -> int:
+    """How many times trainmedic recreated the workload's lineage (its trainmedic.io/restarts)."""
+    if workload is None:
+        return 0
+    try:
+        return max(0, int(annotation(workload, "trainmedic.io/restarts") or 0))
+    except ValueError:
+        return len(wl.lineage(workload))
+
+
+def restart_result(obj: Mapping[str, Any]) -> dict[str, Any]:
+    meta = obj.get("metadata") or {}
+    return {
+        "workload": f"{obj.get('kind')}/{meta.get('namespace')}/{meta.get('name')}",
+        "uid": meta.get("uid"),
+        "resumed_from": annotation(obj, "trainmedic.io/resumed-from"),
+        "excluded_nodes": [n for n in (annotation(obj, "trainmedic.io/excluded-nodes") or "").split(",") if n],
+        "restarts": annotation(obj, "trainmedic.io/restarts"),
+    }
+
+
+def _still_terminating(call: ActionCall, params: Mapping[str, Any], job: JobRef) -> NoReturn:
+    """The deleted original has not gone yet: wait on (the journal keeps the replacement body), and
+    past `gone_deadline_s` tell a person, still waiting."""
+    rt = call.runtime
+    since = float(params.get("deleting_since") or rt.clock())
+    waited = rt.clock() - since
+    raise TemporaryActionError(
+        f"{params['kind']} {job.namespace}/{job.name} is still terminating {waited:.0f} s after its delete "
+        "(a finalizer or a long grace period holds it); its replacement is created once it is gone",
+        delay=rt.settings.retry_after_s,
+        escalate=waited >= rt.settings.gone_deadline_s,
+    )
+
+
+async def run(call: ActionCall) -> None:
+    rt, rc, job = call.runtime, call.rc, call.job
+    params = dict(call.entry.params)
+    if job is None:
+        call.journal.update(call.seq, "skipped", result={"reason": "the incident has no workload"})
+        return
+    if call.entry.name == "raise_memory_limit" and any(
+        e.name == "restart_from_checkpoint" and e.seq != call.seq for e in call.journal.entries()
+    ):
+        call.journal.update(call.seq, "skipped", result={"reason": "applied by the restart action"})
+        return
+    state = call.state()
+    if state in ("planned", "running") or params.get("body") is None:
+        live = await rt.find_workload(job)
+        if live is None:
+            call.journal.update(
+                call.seq,
+                "failed",
+                result={"error": f"workload {job.namespace}/{job.name} not found; nothing was deleted"},
+            )
+            return
+        if annotation(live, ANN_INCIDENT) == call.incident_id:
+            call.journal.update(call.seq, "done", result=restart_result(live))
+            rt.drop_body(params)
+            return
+        planned_for = params.get("identity")
+        now_is = identity(live)
+        if planned_for and planned_for != now_is:
+            changed = ", ".join(
+                f"{k} {planned_for.get(k)} -> {now_is.get(k)}" for k in now_is if planned_for.get(k) != now_is.get(k)
+            )
+            raise StalePlan(
+                f"{live.get('kind')} {job.namespace}/{job.name} is not the job this plan was made for "
+                f"({changed}): it was resubmitted or changed since; the plan is cancelled as stale and the "
+                "job left as it is"
+            )
+        ctx = dataclasses.replace(rt.policy_context(call.incident_id, rc), lineage_restarts=lineage_restarts(live))
+        refused = rt.policy.restart_refused(ctx, rt.policy_state, call.incident_id)
+        if refused is not None:
+            raise ActionBlocked(refused)
+        try:
+            body, resume = await rt.replacement(call.incident_id, live, rc)
+            ref = await asyncio.to_thread(rt.save_body, call.incident_id, call.seq, body)
+        except BaseException:
+            rt.policy.release_restart(ctx, rt.policy_state, call.incident_id)  # nothing was deleted
+            raise
+        params.update(
+            body=redact_object(body),
+            body_ref=ref,
+            uid=live["metadata"].get("uid"),
+            api_version=live.get("apiVersion"),
+            kind=live.get("kind"),
+            **resume,
+        )
+        params["deleting_since"] = rt.clock()
+        call.journal.update(call.seq, "deleting", params=params)
+        state = "deleting"
+    if state == "deleting":
+        # Again after a crash (the journal said deleting, the delete may not have been sent):
+        # idempotent, and the uid precondition never touches another incarnation.
+        await rt.kube.delete_workload(
+            {
+                "apiVersion": params["api_version"],
+                "kind": params["kind"],
+                "metadata": {"namespace": job.namespace, "name": job.name, "uid": params.get("uid")},
+            },
+            propagation="Foreground",
+        )
+        gone = await rt.kube.wait_gone(
+            params["api_version"],
+            params["kind"],
+            job.namespace,
+            job.name,
+            uid=params.get("uid"),
+            timeout_s=rt.settings.wait_gone_s,
+        )
+        if not gone:
+            _still_terminating(call, params, job)
+        call.journal.update(call.seq, "creating")
+    try:
+        # Our own create may have landed before a crash: then the body is not needed again.
+        mine = await rt.kube.get_workload(params["api_version"], params["kind"], job.namespace, job.name)
+        if mine is not None and annotation(mine, ANN_INCIDENT) == call.incident_id:
+            created = mine
+        else:
+            full = await asyncio.to_thread(rt.load_body, params)
+            created = await rt.kube.create_workload(full)
+    except ConflictError:
+        existing = await rt.kube.get_workload(params["api_version"], params["kind"], job.namespace, job.name)
+        if existing is None:
+            raise TemporaryActionError(
+                f"{params['kind']} {job.namespace}/{job.name}: the create met an object that is gone now"
+            ) from None
+        if annotation(existing, ANN_INCIDENT) == call.incident_id:
+            created = existing  # our own journalled create landed before: success
+        elif (existing.get("metadata") or {}).get("uid") == params.get("uid"):
+            # The original is still there (terminating): back to waiting for it to go.
+            call.journal.update(call.seq, "deleting")
+            _still_terminating(call, params, job)
+        else:
+            raise PermanentKubeError(
+                f"{params['kind']} {job.namespace}/{job.name} was recreated by someone else meanwhile; left as it is"
+            ) from None
+    rt.policy.commit_restart(rt.policy_context(call.incident_id, rc), rt.policy_state, incident_id=call.incident_id)
+    call.journal.update(call.seq, "done", result=restart_result(created))
+    rt.drop_body(params)
+    log.info(
+        "incident %s: %s %s/%s recreated from %s, excluding %s",
+        call.incident_id,
+        params["kind"],
+        job.namespace,
+        job.name,
+        params.get("checkpoint") or "no checkpoint",
+        ", ".join(params.get("excluded_nodes") or []) or "no node",
+    )
+
+
+ACTION = ActionDef(
+    name="restart_from_checkpoint",
+    spec=(RestartSpec,),
+    parameters=("job_key", "exclude_nodes", "identity"),
+    preconditions=(
+        "the workload exists",
+        "it is the incarnation the plan was made for",
+        "the restart budgets (rate, backoff, lifetime cap) allow it",
+    ),
+    run=run,
+)
+
+__all__ = ["ACTION", "annotation", "identity", "lineage_restarts", "restart_result", "run"]

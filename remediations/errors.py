@@ -1,0 +1,90 @@
+"""What an action's failure means for the incident, in one tree (kopf's model, STYLE.md).
+
+    RemediationError (TrainmedicError)
+    +-- TemporaryActionError  try again after `delay` seconds; the action keeps its journal state
+    |                         (`escalate`: past its deadline, a person is told, the wait goes on)
+    +-- PermanentActionError  retrying will not help: the action fails, the incident ends `failed`
+    |   |                     and a person is paged
+    |   +-- StalePlan         the job is not the one the plan was made for (resubmitted meanwhile)
+    +-- ActionBlocked         the policy refuses at the moment of acting (circuit breaker, restart
+    |                         budget, lifetime cap, a wait past its deadline): the remaining changes
+    |                         are skipped, the incident ends `blocked` and a person is paged
+    +-- FatalActionError      the agent itself cannot go on with the incident (its store is
+                              unusable): logged and raised to the worker
+
+`classify` turns anything an action raised into one of these: the Kubernetes errors keep their own
+meaning (remediations.kube), a workload the adapters cannot handle is permanent, and any other
+exception is permanent too, so an incident is never left `acting` by an error nobody expected.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+from trainmedic.errors import TrainmedicError
+from trainmedic.models import I18nText
+
+
+class RemediationError(TrainmedicError):
+    """An action could not be carried out; the subclass says what happens next."""
+
+
+class TemporaryActionError(RemediationError):
+    """Try again after `delay`; with `escalate`, a person is told now (the wait passed its deadline)
+    while the action keeps waiting: its journal must be carried to the end, not dropped."""
+
+    def __init__(self, message: str, *, delay: float | None = None, escalate: bool = False) -> None:
+        super().__init__(message)
+        self.delay = delay
+        self.escalate = escalate
+
+
+class PermanentActionError(RemediationError):
+    pass
+
+
+class StalePlan(PermanentActionError):
+    pass
+
+
+class ActionBlocked(RemediationError):
+    def __init__(self, why: I18nText) -> None:
+        super().__init__(why.en)
+        self.why = why
+
+
+class FatalActionError(RemediationError):
+    pass
+
+
+def classify(exc: BaseException) -> RemediationError:
+    """The retry meaning of an exception an action raised."""
+    from remediations.kube import ConflictError, KubeError, PermanentKubeError, TemporaryKubeError
+    from trainmedic.errors import TrainmedicError as _Base
+
+    if isinstance(exc, RemediationError):
+        return exc
+    if isinstance(exc, TemporaryKubeError):
+        return TemporaryActionError(str(exc), delay=exc.delay)
+    if isinstance(exc, ConflictError):
+        return TemporaryActionError(str(exc))
+    if isinstance(exc, PermanentKubeError):
+        return PermanentActionError(str(exc))
+    if isinstance(exc, KubeError):
+        return TemporaryActionError(str(exc))
+    if isinstance(exc, sqlite3.Error):
+        return FatalActionError(f"the incident store failed: {exc}")
+    if isinstance(exc, _Base):
+        return PermanentActionError(str(exc))
+    return PermanentActionError(f"{type(exc).__name__}: {exc}")
+
+
+__all__ = [
+    "ActionBlocked",
+    "FatalActionError",
+    "PermanentActionError",
+    "RemediationError",
+    "StalePlan",
+    "TemporaryActionError",
+    "classify",
+]

@@ -1,0 +1,272 @@
+"""A responder over an in-memory cluster, for tests of the responder's own logic (breaker, journal,
+errors, budgets) where the API server's behaviour is not what is under test (KubeOps itself is
+proven on kmock and the real control plane).
+
+`FakeKube` speaks the part of KubeOps the responder uses. Every call yields to the loop first, as a
+real API round trip does, so incidents handled side by side interleave at each call. Its knobs
+(`terminating`, `fail_create`) play the cluster's slow or odd moments.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import itertools
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agent.bus.memory import MemoryBus
+from agent.responder import Responder, ResponderSettings
+from agent.store import IncidentStore
+from remediations.kube import TAINT_EFFECT, TAINT_KEY, ConflictError, QuarantineResult
+from remediations.policy import Policy, parse_policy
+from remediations.policy_state import MemoryPolicyState
+from trainmedic.events import DiagnosisEvent, JobRef, job_key
+from trainmedic.models import Chip, Diagnosis, FaultClass, Finding, I18nText, RootCause, Severity
+
+POOL_LABEL = "node.kubernetes.io/instance-type"
+
+
+def node(name: str, pool: str = "h100") -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": {POOL_LABEL: pool}, "annotations": {}},
+        "spec": {},
+    }
+
+
+def job(namespace: str, name: str, **annotations: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"namespace": namespace, "name": name, "annotations": dict(annotations), "labels": {}},
+        "spec": {
+            "template": {
+                "metadata": {"labels": {}},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "containers": [
+                        {
+                            "name": "train",
+                            "image": "trainer:1",
+                            "args": ["--hf_token", "hf_secretvalue"],
+                            "env": [{"name": "WANDB_API_KEY", "value": "wandb-secret-value"}],
+                        }
+                    ],
+                },
+            }
+        },
+    }
+
+
+class Crash(BaseException):
+    """The agent dies here (not an error any handler catches)."""
+
+
+@dataclass
+class FakeKube:
+    nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    workloads: dict[tuple[str, str, str], dict[str, Any]] = field(default_factory=dict)
+    # Workloads whose deletion never completes (a foreign finalizer): (kind, namespace, name).
+    terminating: set[tuple[str, str, str]] = field(default_factory=set)
+    created: list[dict[str, Any]] = field(default_factory=list)
+    deleted: list[str] = field(default_factory=list)
+    quarantines: list[str] = field(default_factory=list)
+    # Where the agent dies once: before_delete, after_delete, before_create, after_create.
+    crash_at: str | None = None
+    api: Any = None
+    _gen: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+
+    async def _rtt(self) -> None:
+        await asyncio.sleep(0)
+
+    def close(self) -> None:
+        return None
+
+    def add(self, obj: dict[str, Any]) -> dict[str, Any]:
+        meta = obj.setdefault("metadata", {})
+        meta.setdefault("uid", str(uuid.uuid4()))
+        meta.setdefault("creationTimestamp", f"2026-01-01T00:00:{next(self._gen) % 60:02d}Z")
+        meta.setdefault("generation", 1)
+        self.workloads[(obj["kind"], meta["namespace"], meta["name"])] = obj
+        return obj
+
+    # -- nodes --
+
+    async def list_nodes(self, *, label_selector: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
+        await self._rtt()
+        return [copy.deepcopy(n) for n in self.nodes.values()]
+
+    async def get_node(self, name: str) -> dict[str, Any] | None:
+        await self._rtt()
+        n = self.nodes.get(name)
+        return copy.deepcopy(n) if n else None
+
+    async def quarantine_node(self, name: str, *, incident_id: str, fault_class: Any, reason: str) -> QuarantineResult:
+        await self._rtt()
+        n = self.nodes[name]
+        taints = n["spec"].setdefault("taints", [])
+        changed = not any(t["key"] == TAINT_KEY for t in taints)
+        if changed:
+            taints.append({"key": TAINT_KEY, "value": str(fault_class), "effect": TAINT_EFFECT})
+            n["spec"]["unschedulable"] = True
+            self.quarantines.append(name)
+        return QuarantineResult(name, changed, None, incident_id)
+
+    async def quarantined_nodes(self) -> list[dict[str, Any]]:
+        await self._rtt()
+        return [
+            {"name": n["metadata"]["name"]}
+            for n in self.nodes.values()
+            if any(t["key"] == TAINT_KEY for t in n["spec"].get("taints") or [])
+        ]
+
+    # -- workloads --
+
+    async def get_workload(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        await self._rtt()
+        obj = self.workloads.get((kind, namespace, name))
+        return copy.deepcopy(obj) if obj else None
+
+    def _crash(self, where: str) -> None:
+        if self.crash_at == where:
+            self.crash_at = None
+            raise Crash(where)
+
+    async def delete_workload(self, obj: Mapping[str, Any], *, propagation: str = "Background") -> bool:
+        await self._rtt()
+        self._crash("before_delete")
+        meta = obj["metadata"]
+        key = (str(obj["kind"]), meta["namespace"], meta["name"])
+        current = self.workloads.get(key)
+        if current is None or current["metadata"]["uid"] != meta.get("uid"):
+            return False
+        self.deleted.append(meta["uid"])
+        if key in self.terminating:
+            current["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+        else:
+            del self.workloads[key]
+        self._crash("after_delete")
+        return True
+
+    async def wait_gone(
+        self, api_version: str, kind: str, namespace: str, name: str, *, uid: str | None = None, timeout_s: float
+    ) -> bool:
+        await asyncio.sleep(timeout_s if (kind, namespace, name) in self.terminating else 0)
+        current = self.workloads.get((kind, namespace, name))
+        return current is None or (uid is not None and current["metadata"]["uid"] != uid)
+
+    async def create_workload(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        await self._rtt()
+        self._crash("before_create")
+        meta = body["metadata"]
+        key = (str(body["kind"]), meta["namespace"], meta["name"])
+        if key in self.workloads:
+            raise ConflictError(f"{key} already exists")
+        obj = copy.deepcopy(dict(body))
+        for f in ("uid", "creationTimestamp", "generation", "resourceVersion", "deletionTimestamp"):
+            obj["metadata"].pop(f, None)
+        self.add(obj)
+        self.created.append(obj)
+        self._crash("after_create")
+        return copy.deepcopy(obj)
+
+    # -- pods, logs, events: the jobs of these tests have no pods --
+
+    async def list_job_pods(self, namespace: str, selector: Mapping[str, str]) -> list[dict[str, Any]]:
+        await self._rtt()
+        return []
+
+    async def pod_log(self, *args: Any, **kwargs: Any) -> str:
+        return ""
+
+    async def list_events(self, namespace: str, *, involved: Any = None) -> list[dict[str, Any]]:
+        await self._rtt()
+        return []
+
+    async def add_pod_finalizer(self, *args: Any) -> bool:
+        return True
+
+    async def remove_pod_finalizer(self, *args: Any) -> bool:
+        return True
+
+
+def policy(extra: str = "", *, actions: str = "[quarantine_node]", mode: str = "enforce") -> Policy:
+    return parse_policy(
+        f"version: 1\nmode: {mode}\n{extra}"
+        "rules:\n"
+        "  - id: xid-79\n"
+        "    match: {fault_class: device_error}\n"
+        f"    actions: {actions}\n"
+    )
+
+
+def diagnosis(namespace: str, name: str, node_name: str, *, t: float = 1000.0, n: int = 0) -> DiagnosisEvent:
+    rc = RootCause(
+        fault_class=FaultClass.DEVICE_ERROR,
+        chip=Chip.NVIDIA,
+        code="xid:79",
+        node=node_name,
+        device="0",
+        summary=I18nText(en="GPU has fallen off the bus", zh="GPU 掉卡"),
+        rule_id="nvidia.xid.79",
+        severity=Severity.CRITICAL,
+    )
+    finding = Finding.model_validate(
+        {
+            "rule_id": "nvidia.xid.79",
+            "fault_class": "device_error",
+            "chip": "nvidia",
+            "code": "xid:79",
+            "source": "kernel",
+            "line_no": 1,
+            "text": "NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus.",
+            "node": node_name,
+            "timestamp": t - 1,
+            "severity": "critical",
+        }
+    )
+    return DiagnosisEvent(
+        diagnosis_id=f"d-{namespace}-{name}-{n}",
+        final=True,
+        job=JobRef(namespace=namespace, name=name),
+        node=node_name,
+        window_start=t - 5,
+        window_end=t,
+        diagnosis=Diagnosis(root_cause=rc, findings=[finding]),
+    )
+
+
+@dataclass
+class Harness:
+    kube: FakeKube
+    store: IncidentStore
+    responder: Responder
+    state: MemoryPolicyState
+
+    async def handle(self, d: DiagnosisEvent) -> Any:
+        assert d.job is not None
+        return await self.responder.handle(d, key=job_key(d.job.namespace, d.job.name))
+
+
+def harness(
+    tmp: Path, pol: Policy, kube: FakeKube | None = None, *, clock: Callable[[], float] | None = None, **settings: Any
+) -> Harness:
+    kube = kube or FakeKube()
+    store = IncidentStore(tmp / "incidents.db")
+    state = MemoryPolicyState()
+    responder = Responder(
+        MemoryBus(),
+        kube,  # type: ignore[arg-type]
+        store,
+        pol,
+        state,
+        settings=ResponderSettings(scene_dir=tmp / "scenes", reports=False, stacks=False, **settings),
+        clock=clock or time.time,
+    )
+    return Harness(kube, store, responder, state)

@@ -1,0 +1,199 @@
+"""Restart from checkpoint on the journal: a deleted job always gets its replacement, the plan acts
+only on the job it was made for, and the lifetime cap of a lineage."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from respfix import Crash, FakeKube, diagnosis, harness, job, node, policy
+
+from agent.store import ActionState, IncidentStatus
+
+pytestmark = pytest.mark.asyncio
+
+RESTART = "[restart_from_checkpoint]"
+
+
+class Clock:
+    def __init__(self, t: float = 1_000_000.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def cluster(*jobs: str) -> FakeKube:
+    kube = FakeKube(nodes={f"gpu-{i}": node(f"gpu-{i}") for i in range(4)})
+    for name in jobs:
+        kube.add(job("train", name))
+    return kube
+
+
+@pytest.mark.parametrize("deadline_passes", [False, True])
+@pytest.mark.looptime
+async def test_a_job_still_terminating_is_waited_for_and_then_replaced(tmp_path: Path, deadline_passes: bool) -> None:
+    kube = cluster("llama")
+    kube.terminating.add(("Job", "train", "llama"))
+    clock = Clock()
+    h = harness(tmp_path, policy(actions=RESTART), kube, clock=clock, wait_gone_s=5, gone_deadline_s=600)
+    incident = await h.handle(diagnosis("train", "llama", "gpu-0"))
+
+    # The original is still there (a foreign finalizer): nothing failed, the journal waits.
+    assert incident.status is IncidentStatus.ACTING
+    assert incident.actions[0].state is ActionState.DELETING
+    assert incident.actions[0].params["body"]["metadata"]["name"] == "llama"
+    assert kube.created == []
+
+    clock.t += 900 if deadline_passes else 60
+    await h.responder._execute_again(incident.id)
+    incident = h.store.get(incident.id)
+    assert kube.created == [] and incident.actions[0].state is ActionState.DELETING
+    escalations = [e for e in h.store.timeline(incident.id) if e["kind"] == "escalated"]
+    assert len(escalations) == (1 if deadline_passes else 0)
+    # Past the deadline a person is paged (blocked: a person must look); the journal still goes on.
+    assert incident.status is (IncidentStatus.BLOCKED if deadline_passes else IncidentStatus.ACTING)
+    assert [i.id for i in h.store.unfinished()] == [incident.id]
+
+    # The finalizer goes: the next pass creates the replacement, exactly once.
+    kube.terminating.clear()
+    del kube.workloads[("Job", "train", "llama")]
+    clock.t += 60
+    await h.responder._execute_again(incident.id)
+    incident = h.store.get(incident.id)
+    assert incident.status is IncidentStatus.RESOLVED
+    assert len(kube.created) == 1
+    assert kube.created[0]["metadata"]["annotations"]["trainmedic.io/incident"] == incident.id
+
+
+@pytest.mark.looptime
+async def test_a_409_from_our_own_journalled_create_is_success(tmp_path: Path) -> None:
+    kube = cluster("llama")
+    h = harness(tmp_path, policy(actions=RESTART), kube)
+    incident = await h.handle(diagnosis("train", "llama", "gpu-0"))
+    assert incident.status is IncidentStatus.RESOLVED
+    # Killed after the create landed but before DONE was journalled: the journal says creating.
+    h.store.update_action(incident.id, 0, ActionState.CREATING)
+    h.store.set_status(incident.id, IncidentStatus.ACTING)
+    await h.responder._execute_again(incident.id)
+    incident = h.store.get(incident.id)
+    assert incident.status is IncidentStatus.RESOLVED
+    assert incident.actions[0].state is ActionState.DONE
+    assert len(kube.created) == 1
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"uid": "resubmitted-uid", "creationTimestamp": "2026-02-02T00:00:00Z"}, "uid"),
+        ({"generation": 2}, "generation"),
+    ],
+)
+@pytest.mark.looptime
+async def test_a_late_approval_after_a_resubmit_is_cancelled_as_stale(
+    tmp_path: Path, change: dict[str, object], named: str
+) -> None:
+    kube = cluster("llama")
+    h = harness(tmp_path, policy(actions=RESTART, mode="approve"), kube)
+    incident = await h.handle(diagnosis("train", "llama", "gpu-0"))
+    assert incident.status is IncidentStatus.AWAITING_APPROVAL
+    # A person resubmits (or edits) the job by hand before somebody approves the old plan.
+    kube.workloads[("Job", "train", "llama")]["metadata"].update(change)
+    h.store.approve(incident.id, by="sre")
+    await h.responder._execute_again(incident.id)
+
+    incident = h.store.get(incident.id)
+    assert kube.deleted == [] and kube.created == []
+    assert incident.status is IncidentStatus.OBSERVED
+    why = (incident.actions[0].result or {})["reason"]
+    assert "not the job this plan was made for" in why and named in why
+    assert any(e["kind"] == "stale" for e in h.store.timeline(incident.id))
+
+
+@pytest.mark.looptime
+async def test_a_job_failing_every_21_minutes_is_restarted_up_to_the_lifetime_cap(tmp_path: Path) -> None:
+    """Shipped budgets (3 per hour, backoff from 1m) never stop a job failing every ~21 min; the
+    lifetime cap (budgets.restarts.lifetime_max, 10 by default) does, and a person is paged."""
+    kube = cluster("llama")
+    clock = Clock()
+    h = harness(tmp_path, policy("budgets:\n  restarts: {max: 3, window: 1h}\n", actions=RESTART), kube, clock=clock)
+    statuses = []
+    for n in range(13):
+        incident = await h.handle(diagnosis("train", "llama", "gpu-0", t=clock.t, n=n))
+        statuses.append(incident.status)
+        clock.t += 21 * 60
+    assert len(kube.created) == 10
+    assert statuses[:10] == [IncidentStatus.RESOLVED] * 10
+    assert statuses[10:] == [IncidentStatus.BLOCKED] * 3
+    last = h.store.get(incident.id)
+    assert "Lifetime restart cap reached" in (last.plan or {})["blocked"]["en"]
+    assert (last.plan or {})["page"] is True
+
+
+@pytest.mark.parametrize(("restarts", "blocked"), [("9", False), ("10", True), ("25", True)])
+@pytest.mark.looptime
+async def test_the_lifetime_cap_is_checked_again_when_an_approved_restart_runs(
+    tmp_path: Path, restarts: str, blocked: bool
+) -> None:
+    kube = cluster("llama")
+    h = harness(tmp_path, policy(actions=RESTART, mode="approve"), kube)
+    incident = await h.handle(diagnosis("train", "llama", "gpu-0"))
+    assert incident.status is IncidentStatus.AWAITING_APPROVAL
+    # Meanwhile the job's lineage grew (the annotation is what a recreation carries).
+    kube.workloads[("Job", "train", "llama")]["metadata"]["annotations"]["trainmedic.io/restarts"] = restarts
+    h.store.approve(incident.id, by="sre")
+    await h.responder._execute_again(incident.id)
+    incident = h.store.get(incident.id)
+    assert incident.status is (IncidentStatus.BLOCKED if blocked else IncidentStatus.RESOLVED)
+    assert (kube.created == []) is blocked
+
+
+SECRETS = ("wandb-secret-value", "hf_secretvalue")
+
+
+@pytest.mark.looptime
+async def test_the_journal_and_the_api_never_hold_env_values(tmp_path: Path) -> None:
+    kube = cluster("llama")
+    h = harness(tmp_path, policy(actions=RESTART), kube)
+    incident = await h.handle(diagnosis("train", "llama", "gpu-0"))
+    assert incident.status is IncidentStatus.RESOLVED
+    # The replacement has the job's real settings ...
+    (created,) = kube.created
+    container = created["spec"]["template"]["spec"]["containers"][0]
+    assert container["env"][0]["value"] == "wandb-secret-value" and "hf_secretvalue" in container["args"]
+    # ... the incident (what the API serves and the sinks get) only a redacted body and a reference.
+    text = json.dumps(h.store.get(incident.id).as_dict())
+    params = h.store.get(incident.id).actions[0].params
+    assert params["body_ref"]["file"] and params["body"]["metadata"]["name"] == "llama"
+    db = (tmp_path / "incidents.db").read_bytes() + b"".join(
+        p.read_bytes() for p in tmp_path.glob("incidents.db-*") if p.is_file()
+    )
+    for secret in SECRETS:
+        assert secret not in text
+        assert secret.encode() not in db
+    # The full body lived in the agent's own directory only until the create.
+    assert list((tmp_path / "restart-bodies").glob("*.json")) == []
+
+
+@pytest.mark.parametrize("crash_at", ["before_delete", "after_delete", "before_create", "after_create"])
+@pytest.mark.looptime
+async def test_resume_after_a_crash_at_each_journal_step_recreates_exactly_once(tmp_path: Path, crash_at: str) -> None:
+    kube = cluster("llama")
+    original = kube.workloads[("Job", "train", "llama")]["metadata"]["uid"]
+    kube.crash_at = crash_at
+    h = harness(tmp_path, policy(actions=RESTART), kube)
+    with pytest.raises(Crash):
+        await h.handle(diagnosis("train", "llama", "gpu-0"))
+    h.store.close()
+
+    # A new agent over the same store and state directory resumes the journal.
+    again = harness(tmp_path, policy(actions=RESTART), kube)
+    await again.responder.resume()
+    (incident,) = again.store.recent()
+    assert incident.status is IncidentStatus.RESOLVED, incident.actions[0].result
+    assert len(kube.created) == 1
+    assert kube.deleted == [original]
+    live = kube.workloads[("Job", "train", "llama")]
+    assert live["metadata"]["annotations"]["trainmedic.io/incident"] == incident.id
+    assert live["spec"]["template"]["spec"]["containers"][0]["env"][0]["value"] == "wandb-secret-value"
