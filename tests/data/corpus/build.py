@@ -6,7 +6,11 @@ optionally followed by one line "@origin {json}"; every following line up to
 the next header is the verbatim excerpt (trailing blank lines dropped).
 fault_class "-" means negative (null); code "-" means null.
 """
-import hashlib, json, re, sys
+
+import hashlib
+import json
+import re
+import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -42,9 +46,16 @@ def parse(path: Path):
             if len(parts) != 6:
                 sys.exit(f"{path}: bad header {line!r}")
             rid, fc, chip, code, url, notes = parts
-            cur = {"id": rid, "fault_class": None if fc == "-" else fc, "chip": chip,
-                   "code": None if code == "-" else code, "origin": None, "url": url,
-                   "notes": notes, "lines": []}
+            cur = {
+                "id": rid,
+                "fault_class": None if fc == "-" else fc,
+                "chip": chip,
+                "code": None if code == "-" else code,
+                "origin": None,
+                "url": url,
+                "notes": notes,
+                "lines": [],
+            }
         elif cur is not None:
             if not cur["lines"] and line.startswith("@origin "):
                 cur["origin"] = json.loads(line[8:])
@@ -61,9 +72,20 @@ def parse(path: Path):
             lines.pop(0)
         url = r.pop("url")
         th = thread_key(url)
-        out.append({"id": r["id"], "fault_class": r["fault_class"], "chip": r["chip"],
-                    "code": r["code"], "origin": r["origin"], "text": "\n".join(lines),
-                    "source": url, "thread": th, "split": split_of(th), "notes": r["notes"]})
+        out.append(
+            {
+                "id": r["id"],
+                "fault_class": r["fault_class"],
+                "chip": r["chip"],
+                "code": r["code"],
+                "origin": r["origin"],
+                "text": "\n".join(lines),
+                "source": url,
+                "thread": th,
+                "split": split_of(th),
+                "notes": r["notes"],
+            }
+        )
     return out
 
 
@@ -71,9 +93,9 @@ def main():
     rows = []
     conv = HERE / "src" / "converted.jsonl"
     if conv.exists():
-        for l in conv.read_text().splitlines():
-            if l.strip():
-                r = json.loads(l)
+        for line in conv.read_text().splitlines():
+            if line.strip():
+                r = json.loads(line)
                 r["thread"] = thread_key(r["source"])
                 r["split"] = split_of(r["thread"])
                 rows.append(r)
@@ -90,7 +112,8 @@ def main():
         for r in rows:
             f.write(json.dumps(r, ensure_ascii=False) + "\n")
     from collections import Counter
-    print(len(rows), Counter(r["fault_class"] for r in rows).most_common())
+
+    print(len(rows), Counter(r["fault_class"] for r in rows).most_common(), flush=True)
     print(Counter(r["chip"] for r in rows), Counter(r["split"] for r in rows))
 
 
