@@ -272,7 +272,9 @@ class KafkaBroker:
                 return
             time.sleep(0.05)
         self.kill()
-        raise KafkaBrokerError(f"kafka did not answer on {self.bootstrap} within {self.start_timeout}s: {self.log_tail()}")
+        raise KafkaBrokerError(
+            f"kafka did not answer on {self.bootstrap} within {self.start_timeout}s: {self.log_tail()}"
+        )
 
     def _end(self, sig: signal.Signals, wait: float) -> None:
         proc, self._proc = self._proc, None
