@@ -51,6 +51,8 @@ log4j.appender.stdout.layout=org.apache.log4j.PatternLayout
 log4j.appender.stdout.layout.ConversionPattern=[%d] %p %m (%c)%n
 log4j.logger.kafka.server.KafkaRaftServer=INFO
 log4j.logger.kafka.Kafka=INFO
+log4j.logger.kafka.server.BrokerLifecycleManager=INFO
+log4j.logger.kafka.server.BrokerServer=INFO
 """
 
 
@@ -202,6 +204,9 @@ class KafkaBroker:
             # and refuses the new registration until it expires: 9 s by default, 2 s here.
             "broker.session.timeout.ms": "2000",
             "broker.heartbeat.interval.ms": "500",
+            # A single voter restarting waits an election timeout before it elects itself.
+            "controller.quorum.election.timeout.ms": "300",
+            "controller.quorum.election.backoff.max.ms": "300",
             # A small machine: few threads.
             "num.network.threads": "2",
             "num.io.threads": "2",
@@ -258,7 +263,8 @@ class KafkaBroker:
             self._format()
         cmd = self._cmd("kafka.Kafka", str(self.config_path))
         with open(self.log_path, "ab") as out:
-            out.write(f"\n=== start {self.starts + 1}: {' '.join(cmd)}\n".encode())
+            stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+            out.write(f"\n=== start {self.starts + 1} at {stamp}: {' '.join(cmd)}\n".encode())
             out.flush()
             self._proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         self.starts += 1
