@@ -60,6 +60,10 @@ class KafkaBrokerError(RuntimeError):
     """The broker could not be started (no java, jars missing, did not come up in time, exited)."""
 
 
+class _PortTaken(KafkaBrokerError):
+    """The broker exited because one of its ports was in use."""
+
+
 def kafka_version() -> str:
     """The Kafka version tests/kafka/pom.xml pins (the one docker-compose.yml runs)."""
     ns = {"m": "http://maven.apache.org/POM/4.0.0"}
@@ -144,10 +148,11 @@ class KafkaBroker:
         stop_timeout: float = 10.0,
         properties: dict[str, str] | None = None,
     ) -> None:
+        # Ports picked here may be taken by another process before the JVM binds them (seconds
+        # later): the first start then retries with others. A port given by the caller is kept.
+        self._fixed_port = port is not None
         self.port = port or free_port()
-        self.controller_port = free_port()
-        while self.controller_port == self.port:
-            self.controller_port = free_port()
+        self.controller_port = self._other_port()
         self.lib = lib or kafka_lib()
         self.java = java or java_binary()
         self.start_timeout = start_timeout
@@ -166,6 +171,12 @@ class KafkaBroker:
         self._proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
         self.start_seconds: list[float] = []
+
+    def _other_port(self) -> int:
+        p = free_port()
+        while p == self.port:
+            p = free_port()
+        return p
 
     @property
     def bootstrap(self) -> str:
@@ -257,12 +268,26 @@ class KafkaBroker:
             raise KafkaBrokerError("java is not installed")
         if self.lib is None:
             raise KafkaBrokerError(f"the Apache Kafka jars are not built: run `make kafka` (or set ${LIB_ENV})")
+        for attempt in range(1, 4):
+            try:
+                self._start()
+                return
+            except _PortTaken:
+                if self.start_seconds or attempt == 3:  # clients know these ports: keep them
+                    raise
+                log.warning("a port of kafka on %s was taken meanwhile; trying other ports", self.bootstrap)
+                if not self._fixed_port:
+                    self.port = free_port()
+                self.controller_port = self._other_port()
+
+    def _start(self) -> None:
         began = time.monotonic()
         self._write_config()
         if not self._formatted:
             self._format()
         cmd = self._cmd("kafka.Kafka", str(self.config_path))
         with open(self.log_path, "ab") as out:
+            mark = out.tell()
             stamp = time.strftime("%Y-%m-%d %H:%M:%S")
             out.write(f"\n=== start {self.starts + 1} at {stamp}: {' '.join(cmd)}\n".encode())
             out.flush()
@@ -271,7 +296,10 @@ class KafkaBroker:
         deadline = began + self.start_timeout
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
-                raise KafkaBrokerError(f"kafka exited with {self._proc.returncode}: {self.log_tail()}")
+                code, self._proc = self._proc.returncode, None
+                if b"Address already in use" in self.log_path.read_bytes()[mark:]:
+                    raise _PortTaken(f"kafka could not bind its ports: {self.log_tail()}")
+                raise KafkaBrokerError(f"kafka exited with {code}: {self.log_tail()}")
             if brokers_registered("127.0.0.1", self.port, timeout=0.5):
                 self.start_seconds.append(time.monotonic() - began)
                 log.info("Apache Kafka up on %s in %.1fs", self.bootstrap, self.start_seconds[-1])
