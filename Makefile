@@ -1,6 +1,8 @@
 # One entry point for every check, the same locally and in CI (.ci/run calls `make test`).
 #   make demo    four faults detected and healed on an emulated cluster (installs what it needs)
-#   make test    lint (ruff), types (mypy --strict), then the test suite
+#   make test    lint (ruff), types (mypy --strict), then the test suite (against real servers:
+#                Prometheus and Alertmanager from Debian, Apache Kafka from Maven Central, tansu)
+#   make kafka   Apache Kafka's jars for the bus tests, once per version (make test does it)
 #   make bench   throughput and latency figures as one JSON object (bench/results.json)
 
 PYTHON ?= python3
@@ -8,7 +10,13 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: all venv servers check lint types test demo bench clean
+# Apache Kafka for the bus tests: the version tests/kafka/pom.xml pins (docker-compose.yml's).
+KAFKA_POM     := tests/kafka/pom.xml
+KAFKA_VERSION := $(shell sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' $(KAFKA_POM))
+KAFKA_HOME    := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/trainmedic/kafka-$(KAFKA_VERSION)
+KAFKA_STAMP   := $(KAFKA_HOME)/lib/.pom-$(shell sha256sum $(KAFKA_POM) | cut -c1-12)
+
+.PHONY: all venv servers kafka check lint types test demo bench clean
 
 all: test
 
@@ -30,6 +38,21 @@ servers:
 	  $$SUDO apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends prometheus prometheus-alertmanager >/dev/null; }
 
+# Apache Kafka (KRaft) from Maven Central: the broker's jars and their dependencies, copied once
+# into $(KAFKA_HOME)/lib; tests/servers/kafka.py runs `java -cp 'lib/*' kafka.Kafka` on loopback
+# and the bus tests run against it and tansu. Installs Debian's Java 17 and Maven when missing.
+kafka: $(KAFKA_STAMP)
+
+$(KAFKA_STAMP):
+	@command -v java >/dev/null && command -v mvn >/dev/null || { \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends openjdk-17-jre-headless maven >/dev/null; }
+	@rm -rf $(KAFKA_HOME)/lib.tmp && mkdir -p $(KAFKA_HOME)
+	@out=$$(mvn -q -B -f $(KAFKA_POM) dependency:copy-dependencies -DoutputDirectory=$(KAFKA_HOME)/lib.tmp 2>&1) \
+	  || { echo "$$out"; exit 1; }
+	@rm -rf $(KAFKA_HOME)/lib && mv $(KAFKA_HOME)/lib.tmp $(KAFKA_HOME)/lib && touch $(KAFKA_STAMP)
+
 lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
@@ -39,7 +62,7 @@ types: venv
 
 check: lint types
 
-test: check servers
+test: check servers kafka
 	$(VENV)/bin/trainmedic rules test
 	$(PY) -m pytest -q
 

@@ -1,8 +1,9 @@
 """The bus contract on both implementations, and what only the Kafka bus has to survive.
 
-Contract (each test runs on MemoryBus and on KafkaBus against a real tansu broker): round trip, per
-key order, a group splitting partitions, at-least-once commits. Kafka only: topic creation, a
-broker killed and restarted mid-stream, the bounded producer buffer, a bounded stop.
+Contract (each test runs on MemoryBus and on KafkaBus against two real brokers, Apache Kafka and
+tansu): round trip, per key order, a group splitting partitions, at-least-once commits. Kafka only
+(on both brokers): topic creation, a broker killed and restarted mid-stream, the bounded producer
+buffer, a bounded stop.
 """
 
 from __future__ import annotations
@@ -14,15 +15,17 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import yaml
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.codec import has_zstd
 from aiokafka.partitioner import DefaultPartitioner
-from servers.tansu import TansuBroker, free_port
+from servers.kafka import kafka_version
+from servers.tansu import free_port
 
 from agent.bus.base import Bus, Consumer, Record, TopicPartition
 from agent.bus.kafka import KafkaBus, backoff, check_compression, kafka_partition
 from agent.telemetry import Telemetry
-from bus.conftest import PARTITIONS, collect, kafka_bus, log_event, seq_of, started
+from bus.conftest import PARTITIONS, Broker, collect, kafka_bus, log_event, seq_of, started
 from trainmedic.events import Topic, decode
 
 # -- the contract, on both buses ------------------------------------------------------------------------
@@ -188,8 +191,14 @@ def test_backoff_grows_with_jitter_and_a_cap(attempt: int) -> None:
     assert len(set(delays)) > 1
 
 
+def test_the_test_broker_is_the_one_compose_runs() -> None:
+    """tests/kafka/pom.xml (what `make kafka` fetches) pins the Apache Kafka of docker-compose.yml."""
+    compose = yaml.safe_load((Path(__file__).parents[2] / "docker-compose.yml").read_text())
+    assert compose["services"]["kafka"]["image"] == f"apache/kafka:{kafka_version()}"
+
+
 @pytest.mark.asyncio
-async def test_start_creates_the_design_topics(broker: TansuBroker, telemetry: Telemetry) -> None:
+async def test_start_creates_the_design_topics(broker: Broker, telemetry: Telemetry) -> None:
     bus = KafkaBus(broker.bootstrap, partitions=3, telemetry=telemetry, stop_timeout=5)
     await bus.start()
     admin = AIOKafkaAdminClient(bootstrap_servers=broker.bootstrap)
@@ -214,7 +223,7 @@ async def test_start_creates_the_design_topics(broker: TansuBroker, telemetry: T
 )
 @pytest.mark.asyncio
 async def test_broker_killed_and_restarted_mid_stream(
-    durable_broker: TansuBroker,
+    durable_broker: Broker,
     telemetry: Telemetry,
     topic: str,
     group: str,
@@ -223,8 +232,8 @@ async def test_broker_killed_and_restarted_mid_stream(
 ) -> None:
     """Nothing published is lost across a broker crash; the consumer rides it out.
 
-    The broker keeps its log and the group's offsets across the restart (durable storage), like a
-    real Kafka cluster. The producer keeps publishing while it is down (publish never raises), the
+    The broker keeps its log and the group's offsets across the restart (Apache Kafka's log
+    directory; tansu's durable storage). The producer keeps publishing while it is down (publish never raises), the
     buffer drains once it is back, and the consumer, which keeps polling through the outage,
     resumes from its last commit: every event id arrives at least once, duplicates are told apart
     by id, and each key's events come in publish order.
@@ -261,14 +270,15 @@ async def test_broker_killed_and_restarted_mid_stream(
     await asyncio.wait_for(bus.flush(), 20)
     await asyncio.wait_for(_until(lambda: {ev.id for ev in sent[:50]} <= committed), 20)
 
-    durable_broker.stop()
+    durable_broker.kill()
     polls_before = polls[0]
     for ev in sent[50:100]:
         await asyncio.wait_for(bus.publish(topic, ev), 1)  # returns at once, never raises
     await asyncio.sleep(outage)
     assert telemetry.producer_buffered._value.get() > 0
     assert polls[0] > polls_before, "the consumer keeps polling through the outage"
-    durable_broker.start()
+    # The broker comes up while the loop runs: the clients see it as they would see a real one.
+    await asyncio.to_thread(durable_broker.start)
     for ev in sent[100:]:
         await bus.publish(topic, ev)
     await asyncio.wait_for(bus.flush(), 40)
@@ -302,7 +312,11 @@ async def test_broker_killed_and_restarted_mid_stream(
 
 @pytest.mark.asyncio
 async def test_full_buffer_drops_the_oldest_while_the_broker_is_down(
-    tansu_bin: Path, telemetry: Telemetry, topic: str, group: str, caplog: pytest.LogCaptureFixture
+    make_broker: Callable[[int], Broker],
+    telemetry: Telemetry,
+    topic: str,
+    group: str,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.WARNING, logger="trainmedic.bus")
     port = free_port()
@@ -318,15 +332,16 @@ async def test_full_buffer_drops_the_oldest_while_the_broker_is_down(
     assert full[0].levelno == logging.WARNING
 
     # The broker appears: the 10 newest are delivered, in order.
-    with TansuBroker(port, binary=tansu_bin) as broker:
-        assert broker.bootstrap == bus.bootstrap
-        await asyncio.wait_for(bus.flush(), 40)
-        consumer = bus.consumer([topic], group)
-        records = await started(consumer)
-        records += await collect(consumer, 10 - len(records), quiet=0.3)
-        assert [seq_of(decode(r.value)) for r in records] == list(range(15, 25))
-        await consumer.stop()
-        await bus.stop()
+    broker = make_broker(port)
+    assert broker.bootstrap == bus.bootstrap
+    await asyncio.to_thread(broker.start)
+    await asyncio.wait_for(bus.flush(), 40)
+    consumer = bus.consumer([topic], group)
+    records = await started(consumer)
+    records += await collect(consumer, 10 - len(records), quiet=0.3)
+    assert [seq_of(decode(r.value)) for r in records] == list(range(15, 25))
+    await consumer.stop()
+    await bus.stop()
 
 
 @pytest.mark.asyncio

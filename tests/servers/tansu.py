@@ -454,6 +454,10 @@ class TansuBroker:
         except subprocess.TimeoutExpired:
             log.warning("tansu pid %s did not exit after SIGKILL", proc.pid)
 
+    def kill(self) -> None:
+        """The same as `stop()`: tansu is always stopped like a crash."""
+        self.stop()
+
     def restart(self) -> None:
         self.stop()
         self.start()
