@@ -138,6 +138,8 @@ class MarkerKind(StrEnum):
     EVAL_START = "eval_start"
     EVAL_END = "eval_end"
     DONE = "done"
+    # A run's banner: a (re)started run is loading; its cadence is learned anew.
+    START = "start"
 
 
 _END_KINDS = frozenset({MarkerKind.CHECKPOINT_END, MarkerKind.EVAL_END})
