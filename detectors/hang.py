@@ -1122,9 +1122,11 @@ def shipped_markers() -> ProgressMarkers:
 class HangSettings:
     """Tuning of the hang detector. All durations in seconds."""
 
-    # A silence must outlast max(factor x interval, floor_s) to be a hang.
-    floor_s: float = 300.0
-    factor: float = 3.0
+    # A silence must outlast max(factor x interval, floor_s) to be a hang (the interval is the
+    # `interval_quantile` of the recent step gaps). With a step every 2 s: 20 s.
+    floor_s: float = 20.0
+    factor: float = 4.0
+    interval_quantile: float = 0.9
     # Complete log silence tolerated before the first progress line, after the end-of-training
     # marker, for jobs without any known marker, and while the interval is not learned yet.
     startup_floor_s: float = 1800.0
@@ -1138,8 +1140,13 @@ class HangSettings:
     learned_margin: float = 1.5
     # Phase durations remembered per kind (the longest of them is used).
     learned_phases: int = 8
-    # Progress reports a rank needs before it can be reported as a lone stalled rank.
+    # Progress reports a rank needs before it can be reported as a lone stalled rank, and the
+    # shortest lag behind the other ranks that can make it one (log shipping lags between nodes).
     min_reports: int = 3
+    rank_floor_s: float = 60.0
+    # Slack after the last step of an epoch (the data loader restarts its workers, reshuffles, ...):
+    # max(base, epoch_floor_s, learned_margin x longest boundary pause seen).
+    epoch_floor_s: float = 180.0
     # Utilisation: the window (end of the silence) and the std-dev (percentage points) below which
     # a device series counts as flat; at least two samples per series are needed to judge.
     util_window_s: float = 120.0
@@ -1149,12 +1156,23 @@ class HangSettings:
     stale_s: float = 3600.0
 
     def __post_init__(self) -> None:
-        for name in ("floor_s", "factor", "startup_floor_s", "phase_factor", "phase_floor_s", "util_window_s"):
+        for name in (
+            "floor_s",
+            "factor",
+            "startup_floor_s",
+            "phase_factor",
+            "phase_floor_s",
+            "util_window_s",
+            "rank_floor_s",
+            "epoch_floor_s",
+        ):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 raise ValueError(f"HangSettings.{name} must be a positive number, got {value!r}")
         if self.learned_margin < 1 or not math.isfinite(self.learned_margin):
             raise ValueError(f"HangSettings.learned_margin must be >= 1, got {self.learned_margin!r}")
+        if not (0.5 <= self.interval_quantile <= 1.0):
+            raise ValueError(f"HangSettings.interval_quantile must be in [0.5, 1], got {self.interval_quantile!r}")
         if self.flat_stddev < 0 or not math.isfinite(self.flat_stddev):
             raise ValueError(f"HangSettings.flat_stddev must be >= 0, got {self.flat_stddev!r}")
         for name in ("min_interval_samples", "interval_samples", "learned_phases", "min_reports", "util_samples"):
@@ -1179,6 +1197,10 @@ class _Mode(Enum):
 
 _CHECKPOINT = "checkpoint"
 _EVAL = "eval"
+# Pseudo-phases: the pause after an epoch's last step, and unexplained pauses that recur at a
+# regular step period (learned like end-only phases).
+_EPOCH = "epoch"
+_STALL = "stall"
 _PHASE_OF = {
     MarkerKind.CHECKPOINT_START: _CHECKPOINT,
     MarkerKind.CHECKPOINT_END: _CHECKPOINT,
@@ -1244,6 +1266,8 @@ class _Job:
     durations: dict[str, deque[float]] = field(default_factory=dict)
     phase_steps: dict[str, deque[int]] = field(default_factory=dict)
     last_phase_step: dict[str, int] = field(default_factory=dict)
+    # The last step of an epoch (epoch-relative counters), learned when the epoch number moves on.
+    epoch_last: int | None = None
     fired: bool = False
     lone_reported: set[str] = field(default_factory=set)
     util: dict[tuple[str | None, str | None], deque[tuple[float, float]]] = field(default_factory=dict)
@@ -1264,6 +1288,14 @@ class _Job:
         self.lone_reported.clear()
         self.since = t
         self.last_activity = t
+
+
+def _quantile(ordered: Sequence[float], q: float) -> float:
+    """The q-quantile of sorted values, linearly interpolated (numpy's default method)."""
+    at = (len(ordered) - 1) * q
+    lo = math.floor(at)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (at - lo)
 
 
 def _stream_key(rank: int | None, pod: str | None, node: str | None) -> str:
@@ -1331,14 +1363,19 @@ class HangDetector:
 
     def __init__(
         self,
-        floor_s: float = 300.0,
-        factor: float = 3.0,
+        floor_s: float | None = None,
+        factor: float | None = None,
         *,
         settings: HangSettings | None = None,
         markers: ProgressMarkers | None = None,
         reference: bool = False,
     ) -> None:
-        self.settings = replace(settings or HangSettings(), floor_s=floor_s, factor=factor)
+        base = settings or HangSettings()
+        self.settings = replace(
+            base,
+            floor_s=base.floor_s if floor_s is None else floor_s,
+            factor=base.factor if factor is None else factor,
+        )
         self.markers = markers or shipped_markers()
         self._matcher = self.markers.matcher
         self.reference = reference
@@ -1537,7 +1574,7 @@ class HangDetector:
         if len(job.intervals) < self.settings.min_interval_samples:
             return None
         if job.median_dirty or job.median is None:
-            job.median = statistics.median(job.intervals)
+            job.median = _quantile(sorted(job.intervals), self.settings.interval_quantile)
             job.median_dirty = False
         return job.median
 
@@ -1549,10 +1586,14 @@ class HangDetector:
 
     def _phase_bound(self, job: _Job, kind: str, interval: float | None, base: float) -> float:
         s = self.settings
+        learned = job.durations.get(kind)
+        if kind == _STALL:
+            return max(base, s.learned_margin * max(learned)) if learned else base
+        if kind == _EPOCH:
+            return max(base, s.epoch_floor_s, s.learned_margin * max(learned) if learned else 0.0)
         bound = max(s.phase_floor_s, base)
         if interval is not None:
             bound = max(bound, s.phase_factor * interval)
-        learned = job.durations.get(kind)
         if learned:
             bound = max(bound, s.learned_margin * max(learned))
         return bound
@@ -1577,7 +1618,10 @@ class HangDetector:
     def _on_marker(
         self, job: _Job, skey: str, t: float, kind: MarkerKind, step: int | None, epoch: int | None, line: str
     ) -> None:
-        """A checkpoint, evaluation or end-of-training marker."""
+        """A checkpoint, evaluation, end-of-training or run-start marker."""
+        if kind is MarkerKind.START:
+            self._restart(job, t)
+            return
         if job.mode is not _Mode.TRAINING:
             return  # before the first step and after the last one, markers are only signs of life
         if kind is MarkerKind.DONE:
@@ -1699,7 +1743,10 @@ class HangDetector:
             return False
         previous = stream.last_step_t
         if previous is not None and t > previous and not stream.tainted and job.phase_mark < previous:
-            job.intervals.append(t - previous)
+            gap = t - previous
+            if position is not None and job.max_step is not None and position > job.max_step:
+                self._note_pause(job, gap, epoch)
+            job.intervals.append(gap)
             job.median_dirty = True
         if previous is None or t >= previous:
             stream.last_step_t = t
@@ -1709,6 +1756,33 @@ class HangDetector:
             job.max_step = position
             job.max_step_parts = (step, epoch, total)
         return True
+
+    @staticmethod
+    def _restart(job: _Job, t: float) -> None:
+        """A run's banner: the job loads again (start-up bound), its cadence is learned anew."""
+        job.mode = _Mode.STARTUP
+        job.since = max(job.since, t)
+        job.anchor = None
+        job.max_step = None
+        job.max_step_parts = None
+        job.train_total = None
+        job.odd_streak = 0
+        job.phase = None
+        job.phase_mark = max(job.phase_mark, t)
+        job.intervals.clear()
+        job.median = None
+        job.median_dirty = False
+        job.phase_steps.clear()
+        job.last_phase_step.clear()
+        job.epoch_last = None
+        job.fired = False
+        job.lone_reported.clear()
+        job.order.clear()
+        for stream in job.streams.values():
+            stream.last_progress = None
+            stream.last_step_t = None
+            stream.tainted = False
+            stream.reports = 0
 
     def _close_phase(self, job: _Job, t: float) -> None:
         phase = job.phase
@@ -1720,6 +1794,41 @@ class HangDetector:
         if t > phase.start:
             self._note_duration(job, phase.kind, t - phase.start)
         job.phase_mark = max(job.phase_mark, t)
+
+    def _note_pause(self, job: _Job, gap: float, epoch: int | None) -> None:
+        """A step gap that began at the job's newest step: learn epoch ends and recurring pauses."""
+        parts = job.max_step_parts
+        if parts is not None and epoch is not None and parts[1] is not None and epoch > parts[1]:
+            # The epoch moved on: the previous step was its last, the gap the boundary's pause.
+            if parts[0] is not None:
+                job.epoch_last = parts[0]
+            self._note_duration(job, _EPOCH, gap)
+            return
+        if self._at_epoch_end(job):
+            self._note_duration(job, _EPOCH, gap)
+            return
+        s = self.settings
+        if gap * s.learned_margin <= s.floor_s:
+            return  # its learned bound would not exceed the floor
+        interval = self._interval(job)
+        if interval is not None and gap > s.factor * interval:
+            # Longer than the cadence explains and no marker in it: if such pauses recur at a
+            # regular step period, the next one due is given their learned length.
+            self._note_duration(job, _STALL, gap)
+            self._note_phase_step(job, _STALL)
+
+    @staticmethod
+    def _at_epoch_end(job: _Job) -> bool:
+        """Whether the job's newest step is the last of an epoch (or of its bar)."""
+        parts = job.max_step_parts
+        if parts is None:
+            return False
+        step, epoch, total = parts
+        if step is None:
+            return False
+        if total is not None and step >= total:
+            return True
+        return epoch is not None and job.epoch_last is not None and step >= job.epoch_last
 
     def _note_duration(self, job: _Job, kind: str, duration: float) -> None:
         durations = job.durations.get(kind)
@@ -1782,6 +1891,8 @@ class HangDetector:
                 deadline, bound, phase_kind = phase_deadline, phase_deadline - job.anchor, phase.kind
         else:
             due = self._due_phase(job)
+            if due is None and self._at_epoch_end(job):
+                due = _EPOCH
             if due is not None:
                 due_bound = self._phase_bound(job, due, interval, base)
                 if job.anchor + due_bound > deadline:
@@ -1812,7 +1923,7 @@ class HangDetector:
             ]
         if job.fired or phase is not None or phase_kind is not None or len(job.order) < 2:
             return []
-        return self._check_lone(job, now, interval, base)
+        return self._check_lone(job, now, interval, max(base, self.settings.rank_floor_s))
 
     def _check_lone(self, job: _Job, now: float, interval: float | None, base: float) -> list[Finding]:
         newest_key = next(reversed(job.order))
@@ -1987,6 +2098,13 @@ def _message(scope: str, who: str, silence: float, bound: float, interval: float
             en=f"No training progress for {s} s during an evaluation that has not finished "
             f"(allowed {b} s): the job looks hung",
             zh=f"训练已 {s} 秒无进展，评估仍未结束（允许 {b} 秒），任务疑似卡死",
+        )
+    if phase == _EPOCH:
+        return I18nText(
+            en=f"No training progress for {s} s after the last step of an epoch (allowed {b} s){pace_en}: "
+            "the job looks hung at the epoch boundary (data loader, sampler or evaluation)",
+            zh=f"训练在一个 epoch 的最后一步之后已 {s} 秒无进展（允许 {b} 秒）{pace_zh}，"
+            "疑似卡在 epoch 切换处（数据加载、采样或评估）",
         )
     return I18nText(
         en=f"No training progress for {s} s{pace_en}: the job looks hung",
