@@ -140,6 +140,8 @@ class MarkerKind(StrEnum):
     DONE = "done"
     # A run's banner: a (re)started run is loading; its cadence is learned anew.
     START = "start"
+    # An epoch finished (the data loader restarts next): the pause that follows gets the epoch slack.
+    EPOCH_END = "epoch_end"
 
 
 _END_KINDS = frozenset({MarkerKind.CHECKPOINT_END, MarkerKind.EVAL_END})
@@ -1147,6 +1149,10 @@ class HangSettings:
     # Slack after the last step of an epoch (the data loader restarts its workers, reshuffles, ...):
     # max(base, epoch_floor_s, learned_margin x longest boundary pause seen).
     epoch_floor_s: float = 180.0
+    # Frameworks whose evaluation prints only its result (Megatron, nanoGPT): until the period of
+    # those evaluations is learned, a silence that begins at a multiple of `round_steps` (evaluation
+    # intervals are round numbers) gets the phase deadline.
+    round_steps: int = 100
     # Utilisation: the window (end of the silence) and the std-dev (percentage points) below which
     # a device series counts as flat; at least two samples per series are needed to judge.
     util_window_s: float = 120.0
@@ -1175,7 +1181,14 @@ class HangSettings:
             raise ValueError(f"HangSettings.interval_quantile must be in [0.5, 1], got {self.interval_quantile!r}")
         if self.flat_stddev < 0 or not math.isfinite(self.flat_stddev):
             raise ValueError(f"HangSettings.flat_stddev must be >= 0, got {self.flat_stddev!r}")
-        for name in ("min_interval_samples", "interval_samples", "learned_phases", "min_reports", "util_samples"):
+        for name in (
+            "min_interval_samples",
+            "interval_samples",
+            "learned_phases",
+            "min_reports",
+            "util_samples",
+            "round_steps",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"HangSettings.{name} must be >= 1")
         if self.interval_samples < self.min_interval_samples:
@@ -1268,6 +1281,10 @@ class _Job:
     last_phase_step: dict[str, int] = field(default_factory=dict)
     # The last step of an epoch (epoch-relative counters), learned when the epoch number moves on.
     epoch_last: int | None = None
+    # Progress comes from a framework whose evaluations show only at their end.
+    end_only: bool = False
+    # The step after which an epoch_end marker came.
+    epoch_end_step: int | None = None
     fired: bool = False
     lone_reported: set[str] = field(default_factory=set)
     util: dict[tuple[str | None, str | None], deque[tuple[float, float]]] = field(default_factory=dict)
@@ -1378,6 +1395,13 @@ class HangDetector:
         )
         self.markers = markers or shipped_markers()
         self._matcher = self.markers.matcher
+        markers_ = self.markers.markers
+        with_start = {m.framework for m in markers_ if m.kind is MarkerKind.EVAL_START}
+        end_only = {m.framework for m in markers_ if m.kind is MarkerKind.EVAL_END} - with_start
+        # Progress markers of frameworks whose evaluations show only at their end.
+        self._end_only = frozenset(
+            i for i, m in enumerate(markers_) if m.kind is MarkerKind.PROGRESS and m.framework in end_only
+        )
         self.reference = reference
         self._jobs: dict[str, _Job] = {}
         # Counters for the pipeline's telemetry.
@@ -1440,6 +1464,7 @@ class HangDetector:
         self.stats["marker_lines"] += len(found)
         progress = MarkerKind.PROGRESS
         on_progress, on_marker = self._on_progress, self._on_marker
+        end_only = self._end_only
         fold = not self.reference
         # The time of the previous hit when it was a progress line counted as a step: a next one at
         # that same time only moves the step on (see _fold_progress).
@@ -1448,12 +1473,14 @@ class HangDetector:
             lt = t
             if times is not None and 0 <= index < len(times) and _finite(times[index]):
                 lt = float(times[index])
-            for kind, _pos, step, epoch, total, _marker in hits:
+            for kind, _pos, step, epoch, total, marker in hits:
                 if kind is not progress:
                     on_marker(job, skey, lt, kind, step, epoch, line)
                     stepped = None
                 elif not (fold and lt == stepped and _fold_progress(job, stream, step, epoch, total, line)):
                     stepped = lt if on_progress(job, skey, stream, lt, step, epoch, total, line) else None
+                    if marker in end_only:
+                        job.end_only = True
 
     def _reference_hits(self, lines: Sequence[str]) -> list[tuple[int, str, list[RawHit]]]:
         """The batch's hits line by line: each piece of each line through `match_line`."""
@@ -1624,6 +1651,13 @@ class HangDetector:
             return
         if job.mode is not _Mode.TRAINING:
             return  # before the first step and after the last one, markers are only signs of life
+        if kind is MarkerKind.EPOCH_END:
+            job.epoch_end_step = job.max_step
+            job.evidence = line
+            job.fired = False
+            if job.anchor is None or t > job.anchor:
+                job.anchor = t
+            return
         if kind is MarkerKind.DONE:
             if job.phase is not None:
                 self._close_phase(job, t)
@@ -1752,6 +1786,10 @@ class HangDetector:
             stream.last_step_t = t
         stream.tainted = False
         stream.reports += 1
+        if epoch is not None and job.max_step_parts is not None:
+            last_step, last_epoch, _total = job.max_step_parts
+            if last_epoch is not None and last_step is not None and epoch > last_epoch:
+                job.epoch_last = last_step  # the epoch moved on: its last step is known
         if position is not None and (job.max_step is None or position > job.max_step):
             job.max_step = position
             job.max_step_parts = (step, epoch, total)
@@ -1775,6 +1813,7 @@ class HangDetector:
         job.phase_steps.clear()
         job.last_phase_step.clear()
         job.epoch_last = None
+        job.epoch_end_step = None
         job.fired = False
         job.lone_reported.clear()
         job.order.clear()
@@ -1798,13 +1837,10 @@ class HangDetector:
     def _note_pause(self, job: _Job, gap: float, epoch: int | None) -> None:
         """A step gap that began at the job's newest step: learn epoch ends and recurring pauses."""
         parts = job.max_step_parts
-        if parts is not None and epoch is not None and parts[1] is not None and epoch > parts[1]:
-            # The epoch moved on: the previous step was its last, the gap the boundary's pause.
-            if parts[0] is not None:
-                job.epoch_last = parts[0]
-            self._note_duration(job, _EPOCH, gap)
-            return
-        if self._at_epoch_end(job):
+        if (parts is not None and epoch is not None and parts[1] is not None and epoch > parts[1]) or (
+            self._at_epoch_end(job)
+        ):
+            # The gap after an epoch's last step: the boundary's pause.
             self._note_duration(job, _EPOCH, gap)
             return
         s = self.settings
@@ -1817,9 +1853,18 @@ class HangDetector:
             self._note_duration(job, _STALL, gap)
             self._note_phase_step(job, _STALL)
 
+    def _round_step(self, job: _Job) -> bool:
+        """An end-only evaluation may begin here: its period is not learned yet, the step is round."""
+        step = job.max_step
+        if step is None or step <= 0 or step % self.settings.round_steps:
+            return False
+        return len(job.phase_steps.get(_EVAL, ())) < 3
+
     @staticmethod
     def _at_epoch_end(job: _Job) -> bool:
         """Whether the job's newest step is the last of an epoch (or of its bar)."""
+        if job.epoch_end_step is not None and job.epoch_end_step == job.max_step:
+            return True
         parts = job.max_step_parts
         if parts is None:
             return False
@@ -1893,6 +1938,8 @@ class HangDetector:
             due = self._due_phase(job)
             if due is None and self._at_epoch_end(job):
                 due = _EPOCH
+            elif due is None and job.end_only and self._round_step(job):
+                due = _EVAL
             if due is not None:
                 due_bound = self._phase_bound(job, due, interval, base)
                 if job.anchor + due_bound > deadline:
