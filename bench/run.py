@@ -22,7 +22,10 @@ Steps:
    (`scene_bundle_64_pods_s`, `scene_bundle_64_pods_local_s`); in the same runs, the webhook to a
    local receiver (`diagnosis_to_webhook_p99_ms`) and the report of the 64-pod incident
    (`report_render_ms`).
-6. Print one JSON object on stdout (medians, ratios, corpus and machine facts, per-repeat figures)
+6. The hang-detection figures (unless --no-hang): bench/hang.py replays seeded 24-hour jobs of every
+   progress format through the shipped hang detector under fake time (`hang_detect_s`,
+   `hang_false_alarms_24h`).
+7. Print one JSON object on stdout (medians, ratios, corpus and machine facts, per-repeat figures)
    and write it to bench/results.json. Progress goes to stderr.
 """
 
@@ -389,6 +392,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--keep", action="store_true", help="keep the generated corpus and pattern file")
     ap.add_argument("--no-pipeline", action="store_true", help="no event-pipeline figures")
     ap.add_argument("--no-remediation", action="store_true", help="no self-healing figures")
+    ap.add_argument("--no-hang", action="store_true", help="no hang-detection figures")
     args = ap.parse_args(argv)
     if args.repeats < 1:
         ap.error("--repeats must be at least 1")
@@ -455,6 +459,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         result.update(run_pipeline_figures(args))
     if not args.no_remediation:
         result.update(run_remediation_figures(args))
+    if not args.no_hang:
+        from bench.hang import measure as measure_hang
+
+        log("hang detection: 24-hour replays of every progress format under fake time (bench/hang.py)")
+        result.update(measure_hang((1,) if args.quick else (1, 2, 3)))
     text = json.dumps(result, indent=2, ensure_ascii=False)
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(text + "\n", encoding="utf-8")
