@@ -17,6 +17,7 @@ from typing import BinaryIO
 
 from detectors.correlator import correlate
 from detectors.engine import Engine
+from detectors.hang_static import silence_findings_in
 from detectors.loader import load_rules
 from trainmedic.errors import InputError
 from trainmedic.models import Diagnosis, Finding, Source
@@ -94,6 +95,7 @@ def diagnose_paths(paths: Sequence[str], engine: Engine) -> Diagnosis:
     for found, n in scan_inputs(engine, names):
         findings.extend(found)
         lines += n
+    findings.extend(silence_findings_in(names))
     return correlate(findings, lines_scanned=lines)
 
 
