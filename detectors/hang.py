@@ -1,26 +1,50 @@
 """Hang detection without an explicit error line: a running job that stops making progress.
 
-Most hangs print nothing: an NCCL/HCCL collective waits forever (the watchdog may be off, or its
-timeout is 30 minutes away), a rank is stuck in a storage write, a data loader deadlocks. What is
-visible is the absence of the lines a healthy job prints at a steady pace. This module learns that
-pace per job and reports the silence that outlasts it.
+Most hangs print nothing: an NCCL/HCCL collective waits forever (PyTorch's NCCL watchdog fires
+after 10 minutes by default, when it is on at all), a rank is stuck in a storage write, a data
+loader deadlocks. What is visible is the absence of the lines a healthy job prints at a steady
+pace. This module learns that pace per job and reports the silence that outlasts it.
+
+The deadline (decided here; figures from bench/hang.py, `python bench/hang.py`):
+
+* It follows the job's own cadence: `base = max(factor x interval, floor_s)` with the shipped
+  `factor = 4`, `floor_s = 20 s`, and `interval` a robust *high* quantile (`interval_quantile =
+  0.9`) of the last `interval_samples` (64) step gaps. A job logging a step every 2 s is flagged
+  about 20 s after its last step (30x sooner than the watchdog); one logging every 60 s after
+  4 minutes. The high quantile (not the median) keeps jittery jobs and occasional slow steps (GC,
+  a straggler) inside the bound; the floor keeps log-shipping delays and sub-second cadences from
+  firing; the factor leaves room for a step up to 4x slower than nine in ten recent ones.
+* Known pauses get slack instead of a longer deadline for everyone: checkpoint saves and
+  evaluations (their markers, below), the pause after an epoch's last step (data-loader restart,
+  reshuffle: `epoch_floor_s` = 180 s, or 1.5x the longest such pause seen), end-only evaluations
+  at a round step until their period is learned, and pauses that recur at a regular step period
+  (learned from three occurrences). A run's banner ("***** Running training *****", Megatron's
+  "[before the start of training step]", DeepSpeed's "DeepSpeed info: version=", torchelastic's
+  "will restart worker group") puts the job back in start-up: the cadence is learned anew.
+* Measured on seeded 24-hour replays of twelve progress formats (saves of 30-300 s every 500
+  steps, evaluations of 1-7 minutes every 1500 steps, epoch-boundary stalls, one restart): no false
+  alarm, and a stop after a random step flagged after a median of about 20 s.
 
 The rule (all times are passed in; no wall clock, no asyncio, so tests replay days in seconds):
 
 * **Progress** is a line matching a `progress` marker of detectors/progress.yaml (a training step
-  or a log interval: tqdm bars, Megatron "iteration N/T |", DeepSpeed "step=N", ...). Checkpoint
-  and evaluation markers, and the end-of-training marker, come from the same file.
-* **Interval**: the median of the last `interval_samples` progress-to-progress gaps of each log
-  stream (pooled over ranks). A gap that contains a checkpoint or evaluation marker, an evaluation
-  bar or any other non-step progress is not sampled. It is the interval between progress *reports*,
-  which equals the step time when every step is logged and `log_interval x step` otherwise.
+  or a log interval: tqdm bars with or without a description, behind torchrun's prefixes, HF
+  Trainer loss dicts, Megatron "iteration N/T |", DeepSpeed "step=N" / "steps: N", MindSpore
+  "epoch: E step: N", veRL "step:N -", "Step N/T", ...). Checkpoint, evaluation, epoch-end,
+  end-of-training and run-start markers come from the same file.
+* **Interval**: the `interval_quantile` of the last `interval_samples` progress-to-progress gaps of
+  each log stream (pooled over ranks). A gap that contains a checkpoint or evaluation marker, an
+  evaluation bar or any other non-step progress is not sampled. It is the interval between
+  progress *reports*, which equals the step time when every step is logged and
+  `log_interval x step` otherwise.
 * **Whole-job hang**: the job's most recent sign of progress (a progress line of any rank, or a
-  checkpoint/evaluation marker) is older than `base = max(factor x interval, floor_s)`. Collective
-  communication blocks every rank within one step of the others, so a real hang silences all of
-  them; the bound is measured from the newest progress, which never fires while any rank moves.
-  The finding is localised to the rank whose last progress is the oldest (the likeliest culprit).
+  checkpoint/evaluation marker) is older than `base`. Collective communication blocks every rank
+  within one step of the others, so a real hang silences all of them; the bound is measured from
+  the newest progress, which never fires while any rank moves. The finding is localised to the
+  rank whose last progress is the oldest (the likeliest culprit).
 * **Stalled rank**: a rank that has reported progress regularly (`min_reports` times) and is
-  silent while another rank made progress after this rank's own deadline (`last + base`). Ranks
+  silent while another rank made progress after this rank's own deadline
+  (`last + max(base, rank_floor_s)`; log shipping from different nodes lags by seconds). Ranks
   that printed a bar once (weight loading) and never again are forgotten, not reported. Only ranks
   with a known rank number take part (pod names change when a pod is replaced).
 * **Checkpoint and evaluation**: while a phase is open (its start marker seen, no end marker yet,
@@ -28,10 +52,18 @@ The rule (all times are passed in; no wall clock, no asyncio, so tests replay da
   `max(phase start + max(phase_factor x interval, phase_floor_s, learned_margin x longest
   observed phase of that kind), newest progress + base)`. A save line without an end line
   ("Saving model checkpoint to X", the usual case) counts as a phase until the next progress line.
-  A phase seen only at its end (Megatron's "validation loss at iteration N", nanoGPT's eval line,
-  veRL's "val-core/" metrics) is recognised afterwards: its duration is learned, and once three
-  such phases came at a regular step period, a silence that starts at a step where the next one is
-  due gets the phase deadline too. Earlier occurrences of end-only phases must fit the base bound.
+  An evaluation bar ("Evaluating: 40%|...") opens an evaluation phase and each update is a sign of
+  life. A phase seen only at its end (Megatron's "validation loss at iteration N", nanoGPT's eval
+  line) is recognised afterwards: its duration is learned, and once three such phases came at a
+  regular step period, a silence that starts at a step where the next one is due gets the phase
+  deadline too. Until then, for a framework whose evaluations print only at their end, a silence
+  that starts at a multiple of `round_steps` (evaluation intervals are round numbers) gets it.
+* **Epoch boundary**: after an epoch's last step (a bar at its total, an epoch-relative counter at
+  the last step of the previous epoch, or an `epoch_end` marker such as MindSpore's TimeMonitor
+  line) the deadline is `max(base, epoch_floor_s, learned_margin x longest boundary pause)`.
+* **Recurring pauses**: a gap that began at the job's newest step, longer than `factor x interval`
+  and with no marker in it, is remembered with its step; once three came at a regular step
+  period, a silence at the next due step may last `learned_margin x` the longest of them.
 * **Utilisation**: when the job's accelerator utilisation was sampled at the end of the silence
   (the last `util_window_s` seconds, leaving out the first interval after the last progress, when
   the step in flight may still have been computing; at least two samples per device), a hang also
@@ -40,19 +72,28 @@ The rule (all times are passed in; no wall clock, no asyncio, so tests replay da
   utilisation clearly varies is doing work without logging (a long unlogged evaluation): no
   finding until it goes flat. With no samples, log silence alone decides. A single stalled rank is
   judged on its log alone (which device a rank drives is not known; its node's others keep busy).
-* **Before the first progress line** (start-up: image pull done, model and data loading) and
-  **after the end-of-training marker** (final save, upload, shutdown), and for jobs whose log
-  format has no known marker at all, any log line is a sign of life and the bound is
-  `max(startup_floor_s, floor_s)` of complete silence. The same long bound applies while the
-  interval is not known yet (fewer than `min_interval_samples` gaps).
+* **Before the first progress line** (start-up: image pull done, model and data loading, and again
+  after a run's banner) and **after the end-of-training marker** (final save, upload, shutdown),
+  and for jobs whose log format has no known marker at all, any log line is a sign of life and the
+  bound is `max(startup_floor_s, floor_s)` of complete silence. The same long bound applies while
+  the interval is not known yet (fewer than `min_interval_samples` gaps).
 * Only running jobs are checked (`observe_job`); a job that is no longer running is forgotten. A
   rank whose pod changes (the pod was replaced) restarts the job's state in start-up mode.
 * A finding fires once per stall and re-arms when progress resumes.
 
 Limits: a checkpoint save or an evaluation that prints nothing at all (PyTorch Lightning's
-ModelCheckpoint without verbose, a bare torch.save in a custom loop) is covered by `floor_s` only;
-raise the floor or add a marker. Per-line times (`times=`) make the interval exact; without them a
-batch's lines share the batch time, which only makes the interval (and the bound) larger.
+ModelCheckpoint without verbose, a bare torch.save in a custom loop) and a data stall the log does
+not mark (an epoch boundary of a job whose counter is global, e.g. HF Trainer's) are covered by
+`floor_s` only until they have recurred three times at a regular step period; raise the floor or
+add a marker. Per-line times (`times=`) make the interval exact; without them a batch's lines share
+the batch time, which only makes the interval (and the bound) larger. `trainmedic diagnose` sees
+the same silences in a finished log through its own timestamps (detectors/hang_static.py).
+
+Modules: the marker schema (hang_schema), the regex rewrites (hang_regex), the matcher
+(hang_matcher), the marker file (hang_markers), settings and per-job state (hang_state), this
+detector. It stays one piece past 600 lines because its observation and check paths update the
+same per-job state and must stay consistent with each other (the batch path is tested against a
+line-by-line reference path).
 
 Errors:
 
