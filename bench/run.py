@@ -24,7 +24,10 @@ Steps:
    (`report_render_ms`).
 6. The start-up figures (unless --no-coldstart): bench/coldstart.py times `trainmedic diagnose` of
    one line as a fresh process (`diagnose_cold_s` with a warm compile cache, `diagnose_first_run_s`).
-7. Print one JSON object on stdout (medians, ratios, corpus and machine facts, per-repeat figures)
+7. The hang-detection figures (unless --no-hang): bench/hang.py replays seeded 24-hour jobs of every
+   progress format through the shipped hang detector under fake time (`hang_detect_s`,
+   `hang_false_alarms_24h`).
+8. Print one JSON object on stdout (medians, ratios, corpus and machine facts, per-repeat figures)
    and write it to bench/results.json. Progress goes to stderr.
 """
 
@@ -404,6 +407,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--no-pipeline", action="store_true", help="no event-pipeline figures")
     ap.add_argument("--no-remediation", action="store_true", help="no self-healing figures")
     ap.add_argument("--no-coldstart", action="store_true", help="no `trainmedic diagnose` start-up figures")
+    ap.add_argument("--no-hang", action="store_true", help="no hang-detection figures")
     args = ap.parse_args(argv)
     if args.repeats < 1:
         ap.error("--repeats must be at least 1")
@@ -478,6 +482,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         log("`trainmedic diagnose` of one line as a fresh process (bench/coldstart.py)")
         result.update(run_coldstart(repeats=max(5, args.repeats)))
+    if not args.no_hang:
+        from bench.hang import measure as measure_hang
+
+        log("hang detection: 24-hour replays of every progress format under fake time (bench/hang.py)")
+        result.update(measure_hang((1,) if args.quick else (1, 2, 3)))
     text = json.dumps(result, indent=2, ensure_ascii=False)
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(text + "\n", encoding="utf-8")

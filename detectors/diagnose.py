@@ -18,6 +18,7 @@ from typing import BinaryIO
 
 from detectors.correlator import correlate
 from detectors.engine import Engine
+from detectors.hang_static import silence_findings_in
 from detectors.loader import load_rules
 from trainmedic.errors import InputError
 from trainmedic.models import Diagnosis, Finding, Source
@@ -165,7 +166,9 @@ def diagnose_paths(paths: Sequence[str], engine: Engine) -> Diagnosis:
         names = expand_inputs([path])
         layout = Layout(names, root)
         for name, (found, n) in zip(names, scan_inputs(engine, names), strict=True):
-            findings.extend(attribute(found, name, root, ranks, layout))
+            # A log whose own timestamps show its steps stopped long before it ends (hang_static).
+            silent = silence_findings_in([name])
+            findings.extend(attribute([*found, *silent], name, root, ranks, layout))
             lines += n
     return correlate(findings, lines_scanned=lines, ranks_seen=ranks, rank_nodes=known_nodes(ranks))
 

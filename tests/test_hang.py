@@ -753,7 +753,15 @@ def generate(
 
 
 def _settings(**kw: float) -> HangSettings:
-    base: dict[str, float] = {"floor_s": 60.0, "startup_floor_s": 900.0, "phase_floor_s": 120.0}
+    # The median and 3 intervals: these replays check the cadence logic against exact bounds (the
+    # shipped defaults are checked in tests/test_hang_replay.py).
+    base: dict[str, float] = {
+        "floor_s": 60.0,
+        "factor": 3.0,
+        "interval_quantile": 0.5,
+        "startup_floor_s": 900.0,
+        "phase_floor_s": 120.0,
+    }
     base.update(kw)
     return HangSettings(**base)  # type: ignore[arg-type]
 

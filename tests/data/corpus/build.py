@@ -12,6 +12,7 @@ import json
 import re
 import sys
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 
@@ -36,11 +37,12 @@ def split_of(thread: str) -> str:
     return "heldout" if int(hashlib.sha1(thread.encode()).hexdigest(), 16) % 5 == 0 else "train"
 
 
-def parse(path: Path):
-    recs, cur = [], None
+def parse(path: Path) -> list[dict[str, Any]]:
+    recs: list[dict[str, Any]] = []
+    cur: dict[str, Any] | None = None
     for line in path.read_text(encoding="utf-8").split("\n"):
         if line.startswith("=== "):
-            if cur:
+            if cur is not None:
                 recs.append(cur)
             parts = [p.strip() for p in line[4:].split(" | ", 5)]
             if len(parts) != 6:
@@ -61,16 +63,16 @@ def parse(path: Path):
                 cur["origin"] = json.loads(line[8:])
             else:
                 cur["lines"].append(line)
-    if cur:
+    if cur is not None:
         recs.append(cur)
-    out = []
+    out: list[dict[str, Any]] = []
     for r in recs:
-        lines = r.pop("lines")
+        lines: list[str] = r.pop("lines")
         while lines and not lines[-1].strip():
             lines.pop()
         while lines and not lines[0].strip():
             lines.pop(0)
-        url = r.pop("url")
+        url = str(r.pop("url"))
         th = thread_key(url)
         out.append(
             {
@@ -89,7 +91,7 @@ def parse(path: Path):
     return out
 
 
-def main():
+def main() -> None:
     rows = []
     conv = HERE / "src" / "converted.jsonl"
     if conv.exists():

@@ -1,0 +1,257 @@
+"""Settings and per-job state of the hang detector (detectors/hang.py)."""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict, deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+
+from detectors.hang_schema import EPOCH_SCALE, MarkerKind
+from trainmedic.models import Chip
+
+# ------------------------------------------------------------------------------------------------
+# Settings
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HangSettings:
+    """Tuning of the hang detector. All durations in seconds."""
+
+    # A silence must outlast max(factor x interval, floor_s) to be a hang (the interval is the
+    # `interval_quantile` of the recent step gaps). With a step every 2 s: 20 s.
+    floor_s: float = 20.0
+    factor: float = 4.0
+    interval_quantile: float = 0.9
+    # Complete log silence tolerated before the first progress line, after the end-of-training
+    # marker, for jobs without any known marker, and while the interval is not learned yet.
+    startup_floor_s: float = 1800.0
+    # Progress gaps needed before the interval is trusted, and how many recent gaps the median uses.
+    min_interval_samples: int = 3
+    interval_samples: int = 64
+    # Deadline of an open checkpoint or evaluation phase, from its start:
+    # max(phase_factor x interval, phase_floor_s, learned_margin x longest observed phase).
+    phase_factor: float = 20.0
+    phase_floor_s: float = 900.0
+    learned_margin: float = 1.5
+    # Phase durations remembered per kind (the longest of them is used).
+    learned_phases: int = 8
+    # Progress reports a rank needs before it can be reported as a lone stalled rank, and the
+    # shortest lag behind the other ranks that can make it one (log shipping lags between nodes).
+    min_reports: int = 3
+    rank_floor_s: float = 60.0
+    # Slack after the last step of an epoch (the data loader restarts its workers, reshuffles, ...):
+    # max(base, epoch_floor_s, learned_margin x longest boundary pause seen).
+    epoch_floor_s: float = 180.0
+    # Frameworks whose evaluation prints only its result (Megatron, nanoGPT): until the period of
+    # those evaluations is learned, a silence that begins at a multiple of `round_steps` (evaluation
+    # intervals are round numbers) gets the phase deadline.
+    round_steps: int = 100
+    # Utilisation: the window (end of the silence) and the std-dev (percentage points) below which
+    # a device series counts as flat; at least two samples per series are needed to judge.
+    util_window_s: float = 120.0
+    flat_stddev: float = 5.0
+    util_samples: int = 512
+    # State of a job that is not (or no longer) known to run is dropped after this much silence.
+    stale_s: float = 3600.0
+
+    def __post_init__(self) -> None:
+        for name in (
+            "floor_s",
+            "factor",
+            "startup_floor_s",
+            "phase_factor",
+            "phase_floor_s",
+            "util_window_s",
+            "rank_floor_s",
+            "epoch_floor_s",
+        ):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"HangSettings.{name} must be a positive number, got {value!r}")
+        if self.learned_margin < 1 or not math.isfinite(self.learned_margin):
+            raise ValueError(f"HangSettings.learned_margin must be >= 1, got {self.learned_margin!r}")
+        if not (0.5 <= self.interval_quantile <= 1.0):
+            raise ValueError(f"HangSettings.interval_quantile must be in [0.5, 1], got {self.interval_quantile!r}")
+        if self.flat_stddev < 0 or not math.isfinite(self.flat_stddev):
+            raise ValueError(f"HangSettings.flat_stddev must be >= 0, got {self.flat_stddev!r}")
+        for name in (
+            "min_interval_samples",
+            "interval_samples",
+            "learned_phases",
+            "min_reports",
+            "util_samples",
+            "round_steps",
+        ):
+            if getattr(self, name) < 1:
+                raise ValueError(f"HangSettings.{name} must be >= 1")
+        if self.interval_samples < self.min_interval_samples:
+            raise ValueError("HangSettings.interval_samples must be >= min_interval_samples")
+        if self.stale_s <= 0:
+            raise ValueError("HangSettings.stale_s must be positive")
+
+
+# ------------------------------------------------------------------------------------------------
+# Per-job state
+# ------------------------------------------------------------------------------------------------
+
+
+class _Mode(Enum):
+    STARTUP = "startup"
+    TRAINING = "training"
+    DONE = "done"
+
+
+_CHECKPOINT = "checkpoint"
+_EVAL = "eval"
+# Pseudo-phases: the pause after an epoch's last step, and unexplained pauses that recur at a
+# regular step period (learned like end-only phases).
+_EPOCH = "epoch"
+_STALL = "stall"
+_PHASE_OF = {
+    MarkerKind.CHECKPOINT_START: _CHECKPOINT,
+    MarkerKind.CHECKPOINT_END: _CHECKPOINT,
+    MarkerKind.EVAL_START: _EVAL,
+    MarkerKind.EVAL_END: _EVAL,
+}
+
+
+@dataclass(slots=True)
+class _Stream:
+    """One log stream of the job (one rank's container)."""
+
+    rank: int | None
+    pod: str | None
+    node: str | None
+    last_activity: float
+    # Last sign of progress (steps, evaluation bars); the lone-rank check uses it.
+    last_progress: float | None = None
+    # Last real training step, the start of the next interval sample.
+    last_step_t: float | None = None
+    # Something other than a plain step happened since last_step_t: the next gap is not sampled.
+    tainted: bool = False
+    reports: int = 0
+
+
+@dataclass(slots=True)
+class _Phase:
+    kind: str
+    start: float
+    # Progress beyond this step ends the phase: the job's step when the phase began, or the step the
+    # marker names when it is later (the marker of one rank can arrive before another rank's
+    # progress line of that same step).
+    baseline: int | None
+    opener: str
+    # The step the marker names (or the baseline): an end marker naming it is the same phase.
+    step: int | None
+
+
+@dataclass(slots=True)
+class _Job:
+    key: str
+    since: float
+    running: bool = False
+    mode: _Mode = _Mode.STARTUP
+    chip: Chip = Chip.GENERIC
+    last_activity: float = -math.inf
+    streams: dict[str, _Stream] = field(default_factory=dict)
+    # Streams that reported progress, oldest progress first (move_to_end on each report).
+    order: OrderedDict[str, None] = field(default_factory=OrderedDict)
+    # Newest sign of progress of any stream, or checkpoint/evaluation marker (training mode).
+    anchor: float | None = None
+    max_step: int | None = None
+    # (step, epoch, total) of max_step, formatted only when a finding shows it.
+    max_step_parts: tuple[int | None, int | None, int | None] | None = None
+    train_total: int | None = None
+    odd_streak: int = 0
+    odd_since: float = 0.0
+    intervals: deque[float] = field(default_factory=deque)
+    median: float | None = None
+    median_dirty: bool = False
+    phase: _Phase | None = None
+    phase_mark: float = -math.inf
+    durations: dict[str, deque[float]] = field(default_factory=dict)
+    phase_steps: dict[str, deque[int]] = field(default_factory=dict)
+    last_phase_step: dict[str, int] = field(default_factory=dict)
+    # The last step of an epoch (epoch-relative counters), learned when the epoch number moves on.
+    epoch_last: int | None = None
+    # Progress comes from a framework whose evaluations show only at their end.
+    end_only: bool = False
+    # The step after which an epoch_end marker came.
+    epoch_end_step: int | None = None
+    fired: bool = False
+    lone_reported: set[str] = field(default_factory=set)
+    util: dict[tuple[str | None, str | None], deque[tuple[float, float]]] = field(default_factory=dict)
+    evidence: str = ""
+
+    def reset_progress(self, t: float) -> None:
+        """A restart: back to start-up; keep what was learned about the pace and the phases."""
+        self.mode = _Mode.STARTUP
+        self.streams.clear()
+        self.order.clear()
+        self.anchor = None
+        self.max_step = None
+        self.max_step_parts = None
+        self.train_total = None
+        self.odd_streak = 0
+        self.phase = None
+        self.fired = False
+        self.lone_reported.clear()
+        self.since = t
+        self.last_activity = t
+
+
+def _quantile(ordered: Sequence[float], q: float) -> float:
+    """The q-quantile of sorted values, linearly interpolated (numpy's default method)."""
+    at = (len(ordered) - 1) * q
+    lo = math.floor(at)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (at - lo)
+
+
+def _stream_key(rank: int | None, pod: str | None, node: str | None) -> str:
+    if rank is not None:
+        return f"rank:{rank}"
+    if pod:
+        return f"pod:{pod}"
+    return f"node:{node}" if node else "-"
+
+
+def _finite(x: float) -> bool:
+    return isinstance(x, int | float) and math.isfinite(x)
+
+
+def _split_job_key(job_key: str) -> tuple[str | None, str | None]:
+    if job_key.startswith("job:") and "/" in job_key:
+        ns, _, name = job_key[4:].partition("/")
+        return ns or None, name or None
+    return None, None
+
+
+def _fold_progress(
+    job: _Job, stream: _Stream, step: int | None, epoch: int | None, total: int | None, line: str
+) -> bool:
+    """`HangDetector._on_progress` for a progress line that follows, at the same time, one counted as
+    a step (of the same stream, with nothing in between): of all it does, only this is left to do
+    when the step moves forward (the mode, phase, anchor, order, interval and last step time are
+    already what it would set). False, with nothing changed, when the general path is needed."""
+    if step is not None:
+        position = step if epoch is None else epoch * EPOCH_SCALE + step
+        max_step = job.max_step
+        if max_step is not None and position < max_step:
+            return False
+        train_total = job.train_total
+        if train_total is None:
+            if total is not None:
+                job.train_total = total
+        elif total is not None and total != train_total:
+            return False
+        job.odd_streak = 0
+        if max_step is None or position > max_step:
+            job.max_step = position
+            job.max_step_parts = (step, epoch, total)
+    job.evidence = line
+    stream.reports += 1
+    return True
