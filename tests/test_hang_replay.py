@@ -210,3 +210,15 @@ def test_recurring_unmarked_pause_is_learned() -> None:
     # Step 500 is due for the pause (period 100): 1.5 x 17 s allowed.
     at = _first_finding(det, t, t + 60.0)
     assert at is not None and 25.0 <= at - t <= 27.0
+
+
+@pytest.mark.parametrize("reference", [False, True])
+def test_epoch_length_is_learned_within_one_batch(reference: bool) -> None:
+    det = HangDetector(reference=reference)
+    det.observe_job(JOB, True, 0.0)
+    t = _steps(det, 10.0, 1, 48, "epoch: 1 step: {s}, loss is 2.0")
+    # The epoch's last steps and the next epoch's first arrive in one batch, at one time.
+    batch = [f"epoch: 1 step: {s}, loss is 2.0" for s in (49, 50)] + ["epoch: 2 step: 1, loss is 2.0"]
+    det.observe_lines(JOB, 0, "pod-0", "node-0", t + 2.0, batch)
+    t = _steps(det, t + 4.0, 2, 49, "epoch: 2 step: {s}, loss is 2.0")
+    assert _first_finding(det, t, t + 120.0) is None  # step 50 is the epoch's last
