@@ -92,7 +92,8 @@ def test_evaluation_bar_is_not_a_training_step() -> None:
 
 @pytest.mark.parametrize("fmt", list(FORMATS))
 def test_healthy_day_has_no_hang_finding(fmt: str) -> None:
-    run = generate(FORMATS[fmt], seed=7)
+    # An even seed: torchrun restarts the workers in place, the job never stops running.
+    run = generate(FORMATS[fmt], seed=8)
     found = replay(run)
     assert found == [], _messages(found)  # type: ignore[arg-type]
     # The day had what the model promises: long saves, long evaluations, a restart.
