@@ -13,8 +13,10 @@ settings) with `check()` called every second of fake time, as the brain's tick d
 * a data-loading pause at every epoch boundary: 20-150 s where the log shows the epoch (a
   per-epoch bar or epoch-relative counter), 4-14 s where it does not (such a pause has to fit the
   floor until it has recurred three times and its period is learned);
-* one restart: the job fails (a traceback), is not running for 1-5 minutes, comes back, loads the
-  model for 30-120 s, prints its banner and resumes from its last checkpoint's step.
+* one restart: the job fails (a traceback); with an odd seed its pod is replaced (the job is not
+  running for 1-5 minutes), with an even seed torchrun restarts the workers in place (its "will
+  restart worker group" line, then 1-5 minutes of rendezvous); the job loads the model for 30-120 s,
+  prints its banner and resumes from its last checkpoint's step.
 
 Figures:
 
@@ -267,6 +269,10 @@ class Replay:
         self.events.append((t, "lines", list(lines)))
 
 
+RESTART_LINE = (
+    "[2026-01-01 10:00:00,000] torch.distributed.elastic.agent.server.api: [INFO] [default] Worker group "
+    "FAILED. 2/3 attempts left; will restart worker group"
+)
 _NOISE = (
     "/usr/lib/python3.10/site-packages/torch/utils/data/dataloader.py:557: UserWarning: "
     "This DataLoader will create 16 worker processes",
@@ -339,9 +345,15 @@ def generate(fmt: Format, seed: int, *, hours: float = 24.0, stop: bool = False)
                 "Traceback (most recent call last):",
                 "RuntimeError: CUDA error: an illegal memory access was encountered",
             )
-            run.events.append((t + 3.0, "job", False))
-            t += 3.0 + rng.uniform(60.0, 300.0)
-            run.events.append((t, "job", True))
+            if seed % 2:
+                # The pod is replaced: the job is not running until the new pod is.
+                run.events.append((t + 3.0, "job", False))
+                t += 3.0 + rng.uniform(60.0, 300.0)
+                run.events.append((t, "job", True))
+            else:
+                # torchrun restarts the workers in place: the same pod's log goes on.
+                run.lines(t + 3.0, RESTART_LINE)
+                t += 3.0 + rng.uniform(60.0, 300.0)
             t = startup(t)
             step = last_ckpt
             continue

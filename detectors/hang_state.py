@@ -250,6 +250,9 @@ def _fold_progress(
             return False
         job.odd_streak = 0
         if max_step is None or position > max_step:
+            parts = job.max_step_parts
+            if epoch is not None and parts is not None and parts[1] is not None and epoch > parts[1]:
+                job.epoch_last = parts[0]  # the epoch moved on: its last step is known
             job.max_step = position
             job.max_step_parts = (step, epoch, total)
     job.evidence = line

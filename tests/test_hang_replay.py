@@ -92,7 +92,8 @@ def test_evaluation_bar_is_not_a_training_step() -> None:
 
 @pytest.mark.parametrize("fmt", list(FORMATS))
 def test_healthy_day_has_no_hang_finding(fmt: str) -> None:
-    run = generate(FORMATS[fmt], seed=7)
+    # An even seed: torchrun restarts the workers in place, the job never stops running.
+    run = generate(FORMATS[fmt], seed=8)
     found = replay(run)
     assert found == [], _messages(found)  # type: ignore[arg-type]
     # The day had what the model promises: long saves, long evaluations, a restart.
@@ -210,3 +211,15 @@ def test_recurring_unmarked_pause_is_learned() -> None:
     # Step 500 is due for the pause (period 100): 1.5 x 17 s allowed.
     at = _first_finding(det, t, t + 60.0)
     assert at is not None and 25.0 <= at - t <= 27.0
+
+
+@pytest.mark.parametrize("reference", [False, True])
+def test_epoch_length_is_learned_within_one_batch(reference: bool) -> None:
+    det = HangDetector(reference=reference)
+    det.observe_job(JOB, True, 0.0)
+    t = _steps(det, 10.0, 1, 48, "epoch: 1 step: {s}, loss is 2.0")
+    # The epoch's last steps and the next epoch's first arrive in one batch, at one time.
+    batch = [f"epoch: 1 step: {s}, loss is 2.0" for s in (49, 50)] + ["epoch: 2 step: 1, loss is 2.0"]
+    det.observe_lines(JOB, 0, "pod-0", "node-0", t + 2.0, batch)
+    t = _steps(det, t + 4.0, 2, 49, "epoch: 2 step: {s}, loss is 2.0")
+    assert _first_finding(det, t, t + 120.0) is None  # step 50 is the epoch's last
