@@ -122,6 +122,19 @@ def correlate(
     return Diagnosis(root_cause=root, findings=ordered, distinct_findings=len(ordered), lines_scanned=lines_scanned)
 
 
+# Exit codes (torch elastic's -<signal>, or the process's own) each cause leaves on the rank it hit.
+EXIT_CODES: dict[str, frozenset[str]] = {
+    "sigkill": frozenset({"-9", "137"}),
+    "oom_killer": frozenset({"-9", "137"}),
+    "memcg_oom": frozenset({"-9", "137"}),
+    "oom_killed": frozenset({"-9", "137"}),
+    "sigterm": frozenset({"-15", "143"}),
+    "sigsegv": frozenset({"-11", "139"}),
+    "sigabrt": frozenset({"-6", "134"}),
+    "sigbus": frozenset({"-7", "135"}),
+    "python_exception": frozenset({"1"}),
+    "collective_mismatch": frozenset({"1"}),
+}
 # Rules whose findings name the rank that failed first (torch elastic's failure summary).
 ORIGIN_RULES = frozenset({"generic.elastic_failure", "generic.elastic_failure_exit1"})
 
@@ -140,11 +153,16 @@ def _best(enriched: list[tuple[Finding, udal.CatalogEntry | None]], weights: lis
 def _localise_origin(root: RootCause, findings: list[Finding]) -> None:
     """Name the rank that failed first when the root itself does not: torch elastic's earliest
     failure block (its "Root Cause (first observed failure)"), on the root's node if it has one."""
-    if root.rank is not None:
+    if root.rank is not None or len(root.ranks) > 1:
         return
     blocks = [f for f in findings if f.rule_id in ORIGIN_RULES and f.rank is not None]
     if root.node is not None:
         blocks = [f for f in blocks if f.node == root.node]
+    # The block whose exit code the cause explains (a SIGKILL: -9; an exception: 1) before the
+    # earliest: torch elastic times a killed rank when it notices, after the peer it took down.
+    exits = EXIT_CODES.get(root.code)
+    if exits is not None:
+        blocks = [f for f in blocks if f.groups.get("exit", "1" if f.code == "exit_1" else None) in exits] or blocks
     if not blocks:
         return
     first = min(blocks, key=lambda f: f.timestamp if f.timestamp is not None else float("inf"))
@@ -235,8 +253,9 @@ def _root_cause(root: Finding, entry: udal.CatalogEntry | None, findings: list[F
     rank = root.rank if root.rank is not None else (ranks[0] if len(ranks) == 1 else None)
     node = root.node if root.node is not None else (nodes[0] if len(nodes) == 1 else None)
     device = root.device if root.device is not None else (devices[0] if len(devices) == 1 else None)
-    # A collective timeout seen on several ranks does not say which rank is at fault.
-    if root.fault_class is FaultClass.HANG and len(ranks) > 1:
+    # A cause seen on several ranks (a collective timeout, every rank out of shared memory) does not
+    # say which rank is at fault: the ranks are listed, none is picked.
+    if len(ranks) > 1:
         rank = None
     what = root.message or I18nText(en=root.code, zh=root.code)
     where_en, where_zh = _where(node, device, rank, ranks)

@@ -91,6 +91,11 @@ def scan_inputs(engine: Engine, names: Iterable[str]) -> Iterator[tuple[list[Fin
 # A rank in a log file's name: rank3.log, rank_3.txt, worker-rank-3.out, log_rank03 (torchrun's
 # --log-dir writes attempt_0/<local_rank>/stdout.log, which names no global rank).
 _RANK_IN_NAME = re.compile(r"(?:^|[^a-z])rank[-_]?(\d{1,5})(?:[^0-9]|$)", re.IGNORECASE)
+# Folders of a collection that hold logs, not a node's (torchrun's --log-dir, CANN's layout).
+_NOT_A_NODE = re.compile(
+    r"^(?:ranks?|logs?|attempt_\d+|process_log|debug|run|plog|device-\d+|stdout|stderr|tmp|\d+)$", re.IGNORECASE
+)
+_RANK_DIR_PARENT = re.compile(r"^(?:ranks?|attempt_\d+|local_?ranks?)$", re.IGNORECASE)
 
 
 def place_of(name: str, root: str | None) -> tuple[str | None, int | None]:
@@ -102,10 +107,16 @@ def place_of(name: str, root: str | None) -> tuple[str | None, int | None]:
     if root is not None:
         # root "": the name is already relative to the collection (an upload's file name).
         rel: tuple[str, ...] = path.relative_to(root).parts if root else () if path.is_absolute() else path.parts
-        if len(rel) > 1:
+        if len(rel) > 1 and not _NOT_A_NODE.match(rel[0]):
             node = rel[0]
     m = _RANK_IN_NAME.search(path.name)
-    return node, int(m.group(1)) if m else None
+    if m:
+        return node, int(m.group(1))
+    # torchrun --log-dir: <dir>/<run>/attempt_<n>/<rank>/std{out,err}.log (and a plain ranks/<n>/).
+    parent, grand = path.parent.name, path.parent.parent.name
+    if parent.isdigit() and _RANK_DIR_PARENT.match(grand):
+        return node, int(parent)
+    return node, None
 
 
 # CANN's log layout (Ascend "Log Reference"): process logs `plog/plog-<pid>_<time>.log` and device
