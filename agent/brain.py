@@ -192,6 +192,8 @@ class Brain:
             Source.POD_STATUS: Engine(rules, fast=fast, sources=[Source.POD_STATUS, Source.K8S_EVENT], unwrap=False),
         }
         self.hang = hang if hang is not None else HangDetector()
+        # Newest bus timestamp read: while behind, hangs are judged at this time (see `tick`).
+        self._read_until = 0.0
         self.metric_rules = metric_rules if metric_rules is not None else MetricRules()
         self.windows: dict[str, _Window] = {}
         self.tracker = OffsetTracker()
@@ -235,10 +237,12 @@ class Brain:
                 self._check_assignment(consumer.assignment())
                 for record in records:
                     await self._handle(record)
+                    self._read_until = max(self._read_until, record.timestamp_ms / 1000)
                 now = self.clock()
                 if now - last_tick >= self.settings.tick_s:
                     last_tick = now
-                    await self.tick(now)
+                    lag = await consumer.lag()
+                    await self.tick(now, behind=lag > 0)
                 offsets = self.tracker.committable()
                 if offsets:
                     await consumer.commit(offsets)
@@ -571,9 +575,13 @@ class Brain:
             w.latency_recorded = True
             self.telemetry.fault_to_diagnosis.observe(max(0.0, time.time() - w.first_event_time))
 
-    async def tick(self, now: float) -> None:
-        """Close windows that are due and run the hang detector."""
-        for f in self.hang.check(now):
+    async def tick(self, now: float, *, behind: bool = False) -> None:
+        """Close windows that are due and run the hang detector.
+
+        A brain that is behind on its input (unread records) judges silences at the time it has read
+        up to, not the wall clock: lines still waiting on the bus are not a hang."""
+        check_at = min(now, self._read_until) if behind and self._read_until > 0 else now
+        for f in self.hang.check(check_at):
             job_key = f.groups.get("job_key") or (f"job:{f.namespace}/{f.job}" if f.job else None)
             key = job_key or (node_key(f.node) if f.node else "cluster")
             hang_event = make_event(

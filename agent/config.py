@@ -110,8 +110,10 @@ class DetectSettings(_Group):
     rule_dirs: list[str] = Field(default_factory=list, description="Extra rule directories beside the shipped rules.")
     engine: Literal["auto", "fast", "re"] = Field("auto", description="Hyperscan when installed (auto), or `re`.")
     window_s: float = Field(30.0, gt=0, description="Seconds a job's diagnosis window gathers evidence.")
-    hang_floor_s: float = Field(300.0, gt=0, description="Shortest silence that can be a hang.")
-    hang_factor: float = Field(3.0, gt=1, description="A hang is silence longer than this many step intervals.")
+    hang_floor_s: float = Field(20.0, gt=0, description="Shortest silence that can be a hang.")
+    hang_factor: float = Field(
+        4.0, gt=1, description="A hang is silence longer than this many step intervals (their 90th percentile)."
+    )
     tick_s: float = Field(
         1.0, gt=0, le=60, description="How often closed windows are published and silent jobs checked for a hang."
     )
