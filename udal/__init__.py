@@ -2,10 +2,11 @@
 
 Public API:
     CatalogEntry, ChipPlugin, CatalogError        the types (udal.base)
-    load_plugins(), get_plugin(chip), lookup(chip, code), detect_chip(labels)   the registry
+    load_plugins(), get_plugin(chip), lookup(chip, code), lookup_text(chip, text),
+    detect_chip(labels)                                                        the registry
 
-Code formats: NVIDIA `xid:<n>`, CUDA/NCCL names; Ascend `0x80C98000`, `EI0002`, `hccl:<n>`,
-`ERR02200`; Cambricon `cncl:<NAME>`, `cndev:<NAME>`; generic `oom_killed`, ...; fake `fake:<n>`.
+Code formats: NVIDIA `xid:<n>`, `sxid:<n>`, `dcgm:DCGM_FR_<NAME>`, `cuda:<cudaErrorName>`, NCCL names; Ascend `0x80C98000`, `EI0002`, `EZ9999`, `E19999`,
+`acl:<n>`, `hccl:<n>`, `ERR02200`; Cambricon `cncl:<NAME>`, `cndev:<NAME>`, `cnrt:<cnrtRet_t name>`; generic `oom_killed`, ...; fake `fake:<n>`.
 """
 
 from udal.base import (
@@ -31,6 +32,7 @@ from udal.registry import (
     get_plugin,
     load_plugins,
     lookup,
+    lookup_text,
 )
 
 __all__ = [
@@ -52,6 +54,7 @@ __all__ = [
     "load_catalog_text",
     "load_plugins",
     "lookup",
+    "lookup_text",
     "parse_catalog",
     "parse_visible_devices",
 ]

@@ -1,17 +1,20 @@
 """Huawei Ascend NPUs: MindCluster fault codes and levels, CANN HCCL codes, npu-exporter metrics.
 
 Codes: device fault codes as `0x80C98000` (upper-case hex, MindCluster level in vendor_action),
-CANN error codes verbatim (`EI0002`, `EJ0001`, `EL0004`, `EE9999`), HcclResult return values as
-`hccl:<n>`, torch_npu codes `ERR02200` etc., and `npu_oom`.
+CANN error codes verbatim (`EI0002`, `EJ0001`, `EL0004`, `EE9999`, `EZ9999`, `E19999`), ACL / runtime /
+GE return codes as `acl:<n>` (`acl:507015`; written in logs as the number or the ACL_ERROR_* name),
+HcclResult return values as `hccl:<n>`, torch_npu codes `ERR02200` etc., and `npu_oom`. The catalog is
+three files (ascend_catalog.yaml first, ascend_acl_catalog.yaml, ascend_cann_catalog.yaml).
 """
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping
 
 from trainmedic.models import Action, Chip
-from udal.base import ChipPlugin, pci_vendor_present
+from udal.base import ChipPlugin, load_package_catalogs, pci_vendor_present
 
 # MindCluster fault level -> normalized action (also the action_map of ascend_catalog.yaml).
 ACTION_MAP: Mapping[str, Action] = {
@@ -28,8 +31,20 @@ ACTION_MAP: Mapping[str, Action] = {
 }
 
 _HEX8 = re.compile(r"^(?:0x)?([0-9a-fA-F]{8})$")
-_CANN = re.compile(r"^[A-Za-z]{2}\d{4}$")
+_CANN = re.compile(r"^[A-Za-z][A-Za-z0-9]\d{4}$")
+_ACL_NUMBER = re.compile(r"^\s*(?:acl\s*:\s*)?([1-5]\d{5})\s*$", re.IGNORECASE)
+_ACL_NAME = re.compile(r"^\s*(?:acl\s*:\s*)?(ACL_(?:ERROR|RT|SUCCESS)\w*)\s*$")
 _HCCL_RET = re.compile(r"^\s*hccl\s*[: ]\s*(\d+)\s*$", re.IGNORECASE)
+
+
+@functools.cache
+def _acl_names(files: tuple[str, ...]) -> dict[str, str]:
+    """ACL_ERROR_* name -> `acl:<n>` code, from the mnemonics of the acl rows (built once)."""
+    names = {"ACL_SUCCESS": "acl:0", "ACL_ERROR_NONE": "acl:0", "ACL_RT_SUCCESS": "acl:0"}
+    for entry in load_package_catalogs(files).entries.values():
+        if entry.code.startswith("acl:") and entry.mnemonic:
+            names[entry.mnemonic] = entry.code
+    return names
 
 
 class AscendPlugin(ChipPlugin):
@@ -82,6 +97,7 @@ class AscendPlugin(ChipPlugin):
     }
     action_map = ACTION_MAP
     catalog_file = "ascend_catalog.yaml"
+    extra_catalog_files = ("ascend_acl_catalog.yaml", "ascend_cann_catalog.yaml")
 
     PCI_VENDOR_ID = "19e5"
 
@@ -90,6 +106,12 @@ class AscendPlugin(ChipPlugin):
         hccl = _HCCL_RET.match(text)
         if hccl:
             return f"hccl:{int(hccl.group(1))}"
+        acl = _ACL_NUMBER.match(text)
+        if acl:
+            return f"acl:{int(acl.group(1))}"
+        name = _ACL_NAME.match(text)
+        if name:
+            return _acl_names(self.catalog_files()).get(name.group(1), text)
         hex8 = _HEX8.match(text)
         if hex8:
             return f"0x{hex8.group(1).upper()}"

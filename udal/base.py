@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import abc
 import functools
-from collections.abc import Mapping
+import re
+from collections.abc import Mapping, Sequence
 from importlib import resources
 from typing import Any, Literal
 
@@ -118,6 +119,12 @@ class CatalogEntry(BaseModel):
     consequence: bool = False
     inferred: bool = False
     note: str | None = None
+    # The vendor's possible causes and ordered handling steps, verbatim, where published.
+    causes: tuple[str, ...] = ()
+    steps: tuple[str, ...] = ()
+    # The vendor's exact message strings for this code (cudaGetErrorString, ncclGetErrorString, a
+    # DCGM message format with its printf placeholders), used by `lookup_text`.
+    texts: tuple[str, ...] = ()
 
 
 class CatalogSource(BaseModel):
@@ -217,6 +224,80 @@ def load_package_catalog(filename: str) -> Catalog:
     return catalog
 
 
+def merge_catalogs(catalogs: Sequence[Catalog], names: Sequence[str]) -> Catalog:
+    """One catalog from several files of one chip: the first file's source, the union of the
+    action maps (a vendor bucket mapped two ways is an error) and of the entries (codes unique)."""
+    first = catalogs[0]
+    action_map: dict[str, Action] = {}
+    entries: dict[str, CatalogEntry] = {}
+    for catalog, name in zip(catalogs, names, strict=True):
+        if catalog.chip != first.chip:
+            raise CatalogError(f"{name}: chip {catalog.chip.value} differs from {first.chip.value}")
+        for bucket, action in catalog.action_map.items():
+            if action_map.setdefault(bucket, action) != action:
+                raise CatalogError(f"{name}: action_map {bucket} disagrees with another file of the chip")
+        for code, entry in catalog.entries.items():
+            if code in entries:
+                raise CatalogError(f"{name}: entry {code}: duplicate code across the chip's files")
+            entries[code] = entry
+    return Catalog(chip=first.chip, source=first.source, action_map=action_map, entries=entries)
+
+
+@functools.cache
+def load_package_catalogs(filenames: tuple[str, ...]) -> Catalog:
+    """The merged catalog of a plugin's files (cached: loaded once per process)."""
+    return merge_catalogs([load_package_catalog(f) for f in filenames], filenames)
+
+
+_PRINTF = re.compile(r"%[-+ #0]*\d*(?:\.\d+)?(?:hh|h|ll|l|z)?[diuxXfgeEcsp]|%%")
+# Vendor texts shorter than this are not indexed: "timeout" or "no error" would match anything.
+MIN_TEXT_LENGTH = 12
+
+
+class TextIndex:
+    """Finds the entry whose vendor text occurs in a log line; the longest vendor text wins.
+
+    Literal texts match as exact substrings. A text with printf placeholders (DCGM's message
+    formats) matches with each placeholder standing for a run of characters; its length is that of
+    its literal parts. Texts shorter than MIN_TEXT_LENGTH, and texts shared by several entries (which
+    would name no single code), are not indexed.
+    """
+
+    def __init__(self, entries: Mapping[str, CatalogEntry]) -> None:
+        owners: dict[str, set[str]] = {}
+        by_text: dict[str, CatalogEntry] = {}
+        for entry in entries.values():
+            for text in entry.texts:
+                owners.setdefault(text, set()).add(entry.code)
+                by_text.setdefault(text, entry)
+        items: list[tuple[int, str, str, re.Pattern[str] | None, CatalogEntry]] = []
+        for text, entry in by_text.items():
+            literal = _PRINTF.sub("", text)
+            if len(owners[text]) > 1 or len(literal.strip()) < MIN_TEXT_LENGTH:
+                continue
+            if _PRINTF.search(text):
+                parts = _PRINTF.split(text)
+                holes = _PRINTF.findall(text)
+                regex = re.escape(parts[0])
+                for hole, part in zip(holes, parts[1:], strict=True):
+                    regex += (".+?" if hole.endswith("s") else r"\S+?") + re.escape(part)
+                anchor = max(parts, key=len)
+                items.append((len(literal), entry.code, anchor, re.compile(regex), entry))
+            else:
+                items.append((len(literal), entry.code, text, None, entry))
+        items.sort(key=lambda item: (-item[0], item[1]))
+        self._items = [(anchor, pattern, entry) for _, _, anchor, pattern, entry in items]
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def find(self, line: str) -> CatalogEntry | None:
+        for literal, pattern, entry in self._items:
+            if literal in line and (pattern is None or pattern.search(line)):
+                return entry
+        return None
+
+
 def parse_visible_devices(value: str | None) -> list[int] | None:
     """Parse a *_VISIBLE_DEVICES value into device indices.
 
@@ -257,9 +338,23 @@ class ChipPlugin(abc.ABC):
     frameworks: Mapping[str, str] = {}
     action_map: Mapping[str, Action] = {}
     catalog_file: str = ""
+    # Further catalog files of the same chip, merged with `catalog_file` (codes unique across them).
+    extra_catalog_files: tuple[str, ...] = ()
+
+    def catalog_files(self) -> tuple[str, ...]:
+        return (self.catalog_file, *self.extra_catalog_files)
 
     def _catalog(self) -> Catalog:
-        return load_package_catalog(self.catalog_file)
+        if not self.extra_catalog_files:
+            return load_package_catalog(self.catalog_file)
+        return load_package_catalogs(self.catalog_files())
+
+    def _text_index(self) -> TextIndex:
+        return _text_index(self.catalog_files())
+
+    def lookup_text(self, text: str) -> CatalogEntry | None:
+        """The entry whose vendor message text occurs in this log line (longest text wins)."""
+        return self._text_index().find(text)
 
     def catalog(self) -> Mapping[str, CatalogEntry]:
         return self._catalog().entries
@@ -298,6 +393,12 @@ class ChipPlugin(abc.ABC):
 
     def unified_metric(self, vendor_metric: str) -> str | None:
         return self.metric_names.get(vendor_metric)
+
+
+@functools.cache
+def _text_index(filenames: tuple[str, ...]) -> TextIndex:
+    catalog = load_package_catalog(filenames[0]) if len(filenames) == 1 else load_package_catalogs(filenames)
+    return TextIndex(catalog.entries)
 
 
 _NFD_PCI_PREFIX = "feature.node.kubernetes.io/pci-"

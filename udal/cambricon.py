@@ -1,6 +1,7 @@
-"""Cambricon MLUs: CNCL return codes, mlu-exporter metrics, device plugin resource.
+"""Cambricon MLUs: CNCL and CNRT return codes, mlu-exporter metrics, device plugin resource.
 
-Codes: `cncl:<NAME>` (cnclResult_t names, e.g. `cncl:CNCL_RET_ERR_SYS_SOCKET`), `cndev:<NAME>`
+Codes: `cncl:<NAME>` (cnclResult_t names, e.g. `cncl:CNCL_RET_ERR_SYS_SOCKET`), `cnrt:<name>` (every
+cnrtRet_t, e.g. `cnrt:cnrtErrorNoMem`, from cambricon_cnrt_catalog.yaml), `cndev:<NAME>`
 (`cndev:XID_ERROR`, `cndev:MLULINK_DOWN`, `cndev:DBE_VIOLATION`; the CNDev table itself was not
 found, those rows are marked inferred), `cnrt_oom`, `mlu_oom`.
 
@@ -21,6 +22,7 @@ from udal.base import ChipPlugin, pci_vendor_present
 ACTION_MAP: Mapping[str, Action] = {}
 
 _PREFIXED = re.compile(r"^\s*(cncl|cndev)\s*:\s*([A-Za-z0-9_]+)\s*$", re.IGNORECASE)
+_CNRT = re.compile(r"^\s*(?:cnrt\s*:\s*)?(cnrt(?:Success|Error[A-Za-z0-9]+))\s*$")
 
 # Cambricon mlu-exporter (github.com/Cambricon/mlu-exporter, examples/metrics.yaml and
 # pkg/collector/cndev.go) exports the names of metrics.yaml under the prefix given by --metrics-prefix,
@@ -65,6 +67,7 @@ class CambriconPlugin(ChipPlugin):
     }
     action_map = ACTION_MAP
     catalog_file = "cambricon_catalog.yaml"
+    extra_catalog_files = ("cambricon_cnrt_catalog.yaml",)
 
     PCI_VENDOR_ID = "cabc"
 
@@ -72,6 +75,9 @@ class CambriconPlugin(ChipPlugin):
         match = _PREFIXED.match(code)
         if match:
             return f"{match.group(1).lower()}:{match.group(2).upper()}"
+        match = _CNRT.match(code)
+        if match:
+            return f"cnrt:{match.group(1)}"
         return code.strip()
 
     def detect_vendor(self, labels: Mapping[str, str]) -> bool:

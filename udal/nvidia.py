@@ -1,8 +1,11 @@
 """NVIDIA GPUs: Xid catalog, CUDA and NCCL codes, dcgm-exporter metrics, GPU Feature Discovery labels.
 
-Codes: `xid:<n>` (NVIDIA Xid catalog), `cuda_oom`, `cuda_ecc_uncorrectable`, `cuda_illegal_address`,
-`cuda_launch_failure`, `gpu_fallen_off_bus`, NCCL `ncclResult_t` names (`ncclSystemError`, ...),
-`nccl_watchdog` and `nccl_ib_completion`. NCCL codes live here rather than in the generic plugin
+Codes: `xid:<n>` (NVIDIA Xid catalog), `sxid:<n>` (NVSwitch SXids), `dcgm:DCGM_FR_<NAME>` (DCGM
+failure codes), `cuda:<cudaErrorName>` (every cudaError_t), the older `cuda_oom`,
+`cuda_ecc_uncorrectable`, `cuda_illegal_address`, `cuda_launch_failure`, `gpu_fallen_off_bus`, NCCL
+`ncclResult_t` names (`ncclSystemError`, ...), `nccl_watchdog` and `nccl_ib_completion`. The catalog is
+four files (nvidia_catalog.yaml first); `lookup_text` finds a row by its cudaGetErrorString /
+ncclGetErrorString / DCGM message text. NCCL codes live here rather than in the generic plugin
 because NCCL is NVIDIA's library and only runs on NVIDIA GPUs.
 """
 
@@ -38,6 +41,21 @@ ACTION_MAP: Mapping[str, Action] = {
     "CHECK_UVM": Action.RESET_DEVICE,
     # Informational; the action is named in the Xid 154 message (see xid154_action).
     "XID_154": Action.IGNORE,
+    # DCGM severity (dcgm_errors.h dcgmErrorSeverity_t), vendor bucket of the dcgm:* rows.
+    "DCGM_ERROR_NONE": Action.IGNORE,
+    "DCGM_ERROR_MONITOR": Action.IGNORE,
+    "DCGM_ERROR_ISOLATE": Action.ISOLATE_NODE,
+    "DCGM_ERROR_UNKNOWN": Action.CONTACT_SUPPORT,
+    "DCGM_ERROR_TRIAGE": Action.CONTACT_SUPPORT,
+    "DCGM_ERROR_CONFIG": Action.CONTACT_SUPPORT,
+    "DCGM_ERROR_RESET": Action.RESET_DEVICE,
+}
+
+# DCGM 4 renamed three failure codes; the catalog rows carry the names of the header transcribed.
+DCGM_RENAMED: Mapping[str, str] = {
+    "DCGM_FR_CLOCKS_EVENT_THERMAL": "DCGM_FR_CLOCK_THROTTLE_THERMAL",
+    "DCGM_FR_CLOCKS_EVENT_POWER": "DCGM_FR_CLOCK_THROTTLE_POWER",
+    "DCGM_FR_CLOCKS_EVENT_VIOLATION": "DCGM_FR_THROTTLING_VIOLATION",
 }
 
 # Xid 154 message: "GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot Required)".
@@ -51,6 +69,9 @@ XID154_ACTIONS: Mapping[str, Action] = {
 
 _XID154_TO = re.compile(r"to\s+0x[0-9a-fA-F]+\s*\(([^)]*)\)")
 _XID_CODE = re.compile(r"^\s*xid\s*[: ]\s*(\d+)\s*$", re.IGNORECASE)
+_SXID_CODE = re.compile(r"^\s*sxid\s*[: ]\s*(\d+)\s*$", re.IGNORECASE)
+_DCGM_CODE = re.compile(r"^\s*(?:dcgm\s*:\s*)?(DCGM_FR_[A-Z0-9_]+)\s*$", re.IGNORECASE)
+_CUDA_CODE = re.compile(r"^\s*(?:cuda\s*:\s*)?(cuda(?:Error[A-Za-z0-9]+|Success))\s*$")
 
 
 def xid154_action(message: str) -> Action | None:
@@ -70,6 +91,7 @@ NCCL_RESULTS: dict[int, str] = {
     5: "ncclInvalidUsage",
     6: "ncclRemoteError",
     7: "ncclInProgress",
+    8: "ncclTimeout",
 }
 
 
@@ -122,6 +144,7 @@ class NvidiaPlugin(ChipPlugin):
     }
     action_map = ACTION_MAP
     catalog_file = "nvidia_catalog.yaml"
+    extra_catalog_files = ("nvidia_cuda_catalog.yaml", "nvidia_dcgm_catalog.yaml", "nvidia_sxid_catalog.yaml")
 
     PCI_VENDOR_ID = "10de"
 
@@ -129,6 +152,16 @@ class NvidiaPlugin(ChipPlugin):
         match = _XID_CODE.match(code)
         if match:
             return f"xid:{int(match.group(1))}"
+        match = _SXID_CODE.match(code)
+        if match:
+            return f"sxid:{int(match.group(1))}"
+        match = _DCGM_CODE.match(code)
+        if match:
+            name = match.group(1).upper()
+            return f"dcgm:{DCGM_RENAMED.get(name, name)}"
+        match = _CUDA_CODE.match(code)
+        if match:
+            return f"cuda:{match.group(1)}"
         text = code.strip()
         if text.startswith("nccl:") and text[5:].isdigit():
             # ncclResult_t by number (NCCL's "file.cc:line -> N" trail), nccl.h order.

@@ -92,6 +92,11 @@ def lookup(chip: Chip | str, code: str) -> CatalogEntry | None:
     return get_plugin(chip).lookup(code)
 
 
+def lookup_text(chip: Chip | str, text: str) -> CatalogEntry | None:
+    """The catalog entry whose vendor message text occurs in a log line (None when none does)."""
+    return get_plugin(chip).lookup_text(text)
+
+
 def detect_chip(labels: dict[str, str]) -> ChipPlugin | None:
     """The first real chip plugin whose detection matches these node labels."""
     for plugin in _cached().values():
