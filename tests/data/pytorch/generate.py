@@ -94,6 +94,9 @@ def run(name, script_args, expected, nproc=2, port=29500, rdzv_conf=None, endpoi
                 time.sleep(0.5)
             fh.flush()
             shutil.copy(log_path, log_path + ".snap")
+            ctx["extra"] = {"snapshot.txt": "torchrun.log and ranks/ were copied at %s, %.0f s after the log last "
+                            "grew; the job was still running then.\n" % (time.strftime("%Y-%m-%d %H:%M:%S"),
+                                                                          time.time() - last)}
             copy_rank_logs(logdir, out)
             proc.send_signal(signal.SIGTERM)
             proc.wait(60)
@@ -198,9 +201,21 @@ def s_rank_sigkill():
     run("rank_sigkill", ["--mode", "healthy", "--steps", "60", "--step-sleep", "0.3"],
         exp("process_killed", "sigkill", 1,
             "rank 1 (pid in its 'init_process_group done' line) was sent SIGKILL from outside (os.kill) after step 3; "
-            "no OOM record in dmesg; rank 0 sees gloo 'Connection closed by peer'; torchrun reports "
-            "'Signal 9 (SIGKILL) received by PID' for local_rank 1 as the root cause."),
+            "no OOM record in dmesg. torchrun ran with --monitor-interval 5 (the pre-2.2 default), so rank 0 "
+            "fails first with gloo 'Connection closed by peer' and torchrun's 'Root Cause (first observed "
+            "failure)' block names rank 0 (exitcode 1); rank 1's 'Signal 9 (SIGKILL) received by PID' is listed "
+            "under Failures. The real origin is rank 1: a diagnosis must not take torchrun's root-cause block at "
+            "face value."),
         port=29502, during=kill_rank(1, signal.SIGKILL), monitor_interval=5)
+
+
+def s_rank_sigkill_fast_monitor():
+    run("rank_sigkill_fast_monitor", ["--mode", "healthy", "--steps", "60", "--step-sleep", "0.3"],
+        exp("process_killed", "sigkill", 1,
+            "rank 1 SIGKILLed from outside after step 3 with torchrun's default --monitor-interval (0.1 s): torchrun "
+            "notices at once, names local_rank 1 'exitcode -9 ... Signal 9 (SIGKILL) received by PID' as the root "
+            "cause and SIGTERMs rank 0 before it reaches a collective (no gloo error in this log)."),
+        port=29519, during=kill_rank(1, signal.SIGKILL))
 
 
 def s_ddp_debug_detail_segfault():
@@ -337,9 +352,30 @@ def s_disk_full_checkpoint():
         subprocess.run(["umount", CKPT_MNT])
 
 
+def s_disk_full_checkpoint_fileobj():
+    os.makedirs(CKPT_MNT, exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1M", "tmpfs", CKPT_MNT], check=True)
+    try:
+        run("disk_full_checkpoint_fileobj", ["--mode", "healthy", "--dim", "1024", "--steps", "8", "--ckpt-every",
+                                             "4", "--ckpt-dir", CKPT_MNT, "--ckpt-fileobj"],
+            exp("storage_error", "enospc", 0,
+                "as disk_full_checkpoint, but rank 0 calls torch.save(state, f) on a file it opened itself "
+                "(open(path, 'wb')), into the 1 MiB tmpfs at " + CKPT_MNT + "; see the log for the exact text."),
+            port=29520)
+    finally:
+        subprocess.run(["umount", CKPT_MNT])
+
+
 def s_collective_mismatch():
     run("collective_mismatch", ["--mode", "mismatch", "--fail-rank", "-1", "--fail-step", "3", "--timeout", "30"],
-        exp(None, None, None, "filled in after the run: see README"), port=29513, timeout=240)
+        exp("app_error", "collective_mismatch", None,
+            "at step 3 rank 0 calls all_reduce on 10 floats and rank 1 on 20 floats (gloo). Gloo detects it: rank 0 "
+            "dies with \"terminate called after throwing an instance of 'gloo::EnforceNotMet'\" ... 'Received data "
+            "size doesn't match expected size. Is there a distributed collective mismatch in your code?' and "
+            "'Fatal Python error: Aborted' (exitcode -6, SIGABRT raised by the program itself); rank 1 gets "
+            "'Connection reset by peer'. The bug is the disagreement between ranks, so no single origin rank; "
+            "torchrun's root-cause block names rank 0, where it was detected."),
+        port=29513, timeout=240)
 
 
 def s_healthy_tqdm():
@@ -356,10 +392,11 @@ def s_healthy_hf_dicts():
 
 
 def s_healthy_checkpoint():
-    d = tempfile.mkdtemp(prefix="tm_ckpt_")
+    d = "/tmp/trainmedic_ckpt"
+    os.makedirs(d, exist_ok=True)
     try:
         run("healthy_checkpoint", ["--mode", "healthy", "--steps", "12", "--ckpt-every", "4", "--ckpt-pause", "10",
-                                   "--ckpt-dir", "/tmp/trainmedic_ckpt"],
+                                   "--ckpt-dir", d],
             exp(None, None, None, "healthy run; every 4 steps rank 0 pauses 10 s while 'saving checkpoint' (all ranks "
                                   "wait in a barrier, no output), then finishes normally. A 10 s silence after a "
                                   "'saving checkpoint' line is not a hang."), port=29516)
@@ -370,10 +407,11 @@ def s_healthy_checkpoint():
 def s_stalled_all_ranks_tqdm():
     run("stalled_all_ranks_tqdm", ["--mode", "stalled_all_tqdm", "--step-sleep", "0.3"],
         exp("hang", "no_progress", None,
-            "all ranks stop advancing after 6 steps: the DataLoader worker blocks forever in __getitem__, so both "
-            "ranks wait for data; the tqdm bar ('Epoch 1', 6/100) and the timestamped step lines just stop. The log "
-            "is the snapshot taken after 45 s of silence, while the job was still running (it was stopped only "
-            "afterwards; the stop is not part of the fixture)."),
+            "all ranks stop advancing after 12 steps: the DataLoader worker blocks forever in __getitem__, so both "
+            "ranks wait for data; the tqdm bar ('Epoch 1', 12/100) and the timestamped step lines just stop. The log "
+            "is the snapshot taken after 45 s of silence, while the job was still running (snapshot.txt has the "
+            "wall-clock time of the snapshot; the job was stopped only afterwards and the stop is not part of the "
+            "fixture)."),
         port=29517, snapshot_after_silence=45, timeout=240)
 
 

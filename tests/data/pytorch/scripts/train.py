@@ -53,6 +53,7 @@ def main():
     p.add_argument("--ckpt-dir", default=None)
     p.add_argument("--ckpt-every", type=int, default=0)
     p.add_argument("--ckpt-pause", type=float, default=0.0)
+    p.add_argument("--ckpt-fileobj", action="store_true", help="torch.save into an open Python file")
     p.add_argument("--pid-dir", default=None)
     p.add_argument("--cgroup", default=None)
     p.add_argument("--dim", type=int, default=64)
@@ -144,7 +145,12 @@ def main():
                 path = os.path.join(a.ckpt_dir, f"checkpoint-{step + 1}.pt")
                 log(f"saving checkpoint to {path}")
                 time.sleep(a.ckpt_pause)
-                torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step + 1}, path)
+                state = {"model": model.state_dict(), "opt": opt.state_dict(), "step": step + 1}
+                if a.ckpt_fileobj:
+                    with open(path, "wb") as f:
+                        torch.save(state, f)
+                else:
+                    torch.save(state, path)
                 log(f"checkpoint saved: {path} ({os.path.getsize(path)} bytes)")
             dist.barrier()
         time.sleep(a.step_sleep)
