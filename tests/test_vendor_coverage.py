@@ -51,7 +51,6 @@ def test_every_catalog_xid_is_classified(re_engine: Engine, xid: int, form: str)
 # Codes rules emit that no published vendor table lists; everything else must resolve.
 NOT_IN_VENDOR_TABLES = frozenset(
     {
-
         "hccl_init",
         "nccl_comm_aborted",
         "cncl:unknown",

@@ -54,7 +54,14 @@ CLASS: dict[str, tuple[str | None, str, str]] = {
     "cudaErrorSoftwareValidityNotEstablished": ("device_error", "driver", "contact_support"),
     "cudaErrorDeviceNotLicensed": ("device_error", "driver", "contact_support"),
 }
-for _n in ("ConnectionFailed", "RpcFailure", "ServerNotReady", "MaxClientsReached", "MaxConnectionsReached", "ClientTerminated"):
+for _n in (
+    "ConnectionFailed",
+    "RpcFailure",
+    "ServerNotReady",
+    "MaxClientsReached",
+    "MaxConnectionsReached",
+    "ClientTerminated",
+):
     CLASS[f"cudaErrorMps{_n}"] = ("device_error", "system", "restart_app")
 
 
