@@ -199,7 +199,7 @@ _YAML_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 def load_catalog_text(text: str, filename: str) -> Catalog:
     try:
-        data: Any = yaml.load(text, Loader=_YAML_LOADER)  # noqa: S506 - a safe loader
+        data: Any = yaml.load(text, Loader=_YAML_LOADER)  # noqa: S506 - CSafeLoader or SafeLoader
     except yaml.YAMLError as exc:
         raise CatalogError(f"{filename}: not valid YAML: {exc}") from exc
     return parse_catalog(data, filename)

@@ -1,3 +1,4 @@
+# ruff: noqa: E501
 """Generate udal/ascend_acl_catalog.yaml: the ACL / runtime / GE return codes of CANN.
 
 Usage: python tools/catalogs/gen_acl.py <torch_npu/include folder of the torch-npu wheel>
@@ -24,8 +25,39 @@ RULE = {
 }
 OOM = {207001, 207018, 245000, 200000}
 HANG = {507046, 507047, 507048, 507012, 507014, 507017, 507034, 507915, 107019, 107020, 207020}
-HARDWARE = {507053: "memory", 507054: "memory", 507055: "memory", 507056: "interconnect", 507057: "interconnect", 507914: "interconnect", 507010: "hardware", 507013: "hardware", 507899: "driver", 507901: "driver"}
-KERNEL_FAULT = {507015, 507016, 507018, 507035, 507036, 507042, 507043, 507044, 507045, 507049, 507050, 207003, 207016, 207017, 507011, 507000, 507001, 507904, 507916}
+HARDWARE = {
+    507053: "memory",
+    507054: "memory",
+    507055: "memory",
+    507056: "interconnect",
+    507057: "interconnect",
+    507914: "interconnect",
+    507010: "hardware",
+    507013: "hardware",
+    507899: "driver",
+    507901: "driver",
+}
+KERNEL_FAULT = {
+    507015,
+    507016,
+    507018,
+    507035,
+    507036,
+    507042,
+    507043,
+    507044,
+    507045,
+    507049,
+    507050,
+    207003,
+    207016,
+    207017,
+    507011,
+    507000,
+    507001,
+    507904,
+    507916,
+}
 BENIGN = {0, 507023}
 
 
@@ -36,7 +68,9 @@ def classify(value: int, name: str) -> tuple[str | None, str, str]:
         return "accelerator_oom", "memory", "restart_app"
     if value in HARDWARE:
         origin = HARDWARE[value]
-        action = "isolate_node" if value in (507053, 507054) else "reset_device" if origin != "driver" else "restart_app"
+        action = (
+            "isolate_node" if value in (507053, 507054) else "reset_device" if origin != "driver" else "restart_app"
+        )
         return "device_error", origin, action
     if value in HANG:
         return "hang", "unknown", "restart_app"

@@ -1,3 +1,4 @@
+# ruff: noqa: E501
 """Generate udal/nvidia_cuda_catalog.yaml: every cudaError_t of the CUDA runtime.
 
 Usage: python tools/catalogs/gen_cuda.py <dir with include/driver_types.h and lib/libcudart.so.N>
@@ -54,7 +55,14 @@ CLASS: dict[str, tuple[str | None, str, str]] = {
     "cudaErrorSoftwareValidityNotEstablished": ("device_error", "driver", "contact_support"),
     "cudaErrorDeviceNotLicensed": ("device_error", "driver", "contact_support"),
 }
-for _n in ("ConnectionFailed", "RpcFailure", "ServerNotReady", "MaxClientsReached", "MaxConnectionsReached", "ClientTerminated"):
+for _n in (
+    "ConnectionFailed",
+    "RpcFailure",
+    "ServerNotReady",
+    "MaxClientsReached",
+    "MaxConnectionsReached",
+    "ClientTerminated",
+):
     CLASS[f"cudaErrorMps{_n}"] = ("device_error", "system", "restart_app")
 
 
