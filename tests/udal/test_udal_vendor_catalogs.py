@@ -92,6 +92,8 @@ def test_no_placeholder_rows(plugin_name: str, filename: str) -> None:
         (Chip.ASCEND, "acl:", 240),
         (Chip.ASCEND, "0x", 300),
         (Chip.CAMBRICON, "cnrt:", 41),
+        (Chip.CAMBRICON, "cndev:CNDEV_", 19),
+        (Chip.CAMBRICON, "cndrv:", 130),
         (Chip.CAMBRICON, "cncl:", 30),
     ],
 )
@@ -141,6 +143,10 @@ def test_every_nccl_result_is_present(name: str) -> None:
         (Chip.ASCEND, "E39999", "E39999"),
         (Chip.CAMBRICON, "cnrtErrorNoMem", "cnrt:cnrtErrorNoMem"),
         (Chip.CAMBRICON, "cnrt:cnrtErrorCndrvFuncCall", "cnrt:cnrtErrorCndrvFuncCall"),
+        (Chip.CAMBRICON, "CN_MEMORY_ERROR_OUT_OF_MEMORY", "cndrv:CN_MEMORY_ERROR_OUT_OF_MEMORY"),
+        (Chip.CAMBRICON, "cndrv:CN_ERROR_ECC_UNCORRECTABLE", "cndrv:CN_ERROR_ECC_UNCORRECTABLE"),
+        (Chip.CAMBRICON, "CNDEV_ERROR_NO_DRIVER", "cndev:CNDEV_ERROR_NO_DRIVER"),
+        (Chip.CAMBRICON, "CNCL_RET_ERR_SYSTEM", "cncl:CNCL_RET_ERR_SYSTEM"),
     ],
 )
 def test_written_forms_normalize_and_resolve(chip: Chip, written: str, canonical: str) -> None:
@@ -162,6 +168,7 @@ def test_written_forms_normalize_and_resolve(chip: Chip, written: str, canonical
         (Chip.ASCEND, "ACL_ERROR_RT_NOT_A_CODE"),
         (Chip.ASCEND, "EQ0001"),
         (Chip.CAMBRICON, "cnrtErrorNotACode"),
+        (Chip.CAMBRICON, "CN_NOT_A_CODE"),
         (Chip.GENERIC, "anything"),
         ("tpu", "xid:79"),
     ],
@@ -337,6 +344,9 @@ def test_dcgm_severity_buckets(bucket: str, action: Action) -> None:
         (Chip.ASCEND, "acl:100000", FaultClass.APP_ERROR, Action.NOTIFY_OWNER),
         (Chip.ASCEND, "E19999", FaultClass.UNKNOWN, Action.CONTACT_SUPPORT),
         (Chip.CAMBRICON, "cnrt:cnrtErrorNoMem", FaultClass.ACCELERATOR_OOM, Action.RESTART_APP),
+        (Chip.CAMBRICON, "cndrv:CN_MEMORY_ERROR_OUT_OF_MEMORY", FaultClass.ACCELERATOR_OOM, Action.RESTART_APP),
+        (Chip.CAMBRICON, "cndrv:CN_ERROR_ECC_UNCORRECTABLE", FaultClass.DEVICE_ERROR, Action.RESET_DEVICE),
+        (Chip.CAMBRICON, "cndev:CNDEV_ERROR_IN_PROBLEM", FaultClass.DEVICE_ERROR, Action.ISOLATE_NODE),
     ],
 )
 def test_classification_of_key_codes(chip: Chip, code: str, fault_class: FaultClass, action: Action) -> None:
