@@ -209,6 +209,25 @@ def test_lookup_text_on_nvidia_vendor_strings(line: str, code: str) -> None:
 
 
 @pytest.mark.parametrize(
+    ("line", "code"),
+    [
+        ("EI0006: Getting socket times out. Reason: 1. The remote does not initiate a connect request.", "EI0006"),
+        (
+            "EJ0001: Failed to initialize the HCCP process. Reason: Maybe the last training process is running.",
+            "EJ0001",
+        ),
+        ("E19999: Inner Error! Unknown error occurred. Please check the log.", "E19999"),
+        ("E13024: Value 8x for environment variable HCCL_BUFFSIZE is invalid. Reason: not a number.", "E13024"),
+        ("E10501: IR for Op MatMulV9 with optype MatMulV9 is not registered.", "E10501"),
+    ],
+)
+def test_lookup_text_on_ascend_vendor_strings(line: str, code: str) -> None:
+    entry = udal.lookup_text(Chip.ASCEND, line)
+    assert entry is not None, line
+    assert entry.code == code
+
+
+@pytest.mark.parametrize(
     "line",
     [
         "step 100 loss 2.31 lr 1e-4",

@@ -343,6 +343,7 @@ def main() -> None:
                 note=f"{err_class} error-message registry: errTitle -> mnemonic, ErrMessage -> description (verbatim, with %s placeholders). Action chosen by trainmedic from the Solution text.",
                 causes=steps_of(cause),
                 steps=steps_of(solution),
+                texts=[message] if message != "%s" else None,
             )
         )
     header = """# Huawei Ascend CANN error codes (families E1-E9xxxx, EA-EO, EZ) for trainmedic (chip: ascend). Loaded by
@@ -354,7 +355,7 @@ def main() -> None:
 #    CANN 8.1.RC1 beta1): the list E19999 .. EZ9999 with the shared text, transcribed verbatim (zh).
 # 2. EZ9999 / EZ1001 / EZ9903: the AclNN (opbase) error-message registry (REG_FORMAT_ERROR_MSG JSON in CANN's
 #    open-sourced opbase, 2025): errTitle -> mnemonic, ErrMessage -> description, Possible Cause -> causes,
-#    Solution -> steps, verbatim.
+#    Solution -> steps, verbatim; ErrMessage is also the row's `texts` for lookup_text.
 # 3. E10xxx-E14xxx, E19999 ("GE Errors"): GE's error-message registry (cann/ge, ge_error_code JSON, 2025),
 #    same mapping. Only the codes a training job can meet at run time were transcribed (argument, operator,
 #    file, environment and network errors, and E19999 Inner_Error); the ATC model-conversion codes
