@@ -5,10 +5,9 @@ Public API:
     load_plugins(), get_plugin(chip), lookup(chip, code), lookup_text(chip, text),
     detect_chip(labels)                                                        the registry
 
-Code formats: NVIDIA `xid:<n>`, `sxid:<n>`, `dcgm:DCGM_FR_<NAME>`, `cuda:<cudaErrorName>`, NCCL
-names; Ascend `0x80C98000`, `EI0002`, `EZ9999`, `E19999`, `acl:<n>`, `hccl:<n>`, `ERR02200`;
-Cambricon `cncl:<NAME>`, `cndev:<NAME>`, `cnrt:<cnrtRet_t name>`; generic `oom_killed`, ...;
-fake `fake:<n>`.
+Code formats: NVIDIA `xid:<n>`, `sxid:<n>`, `dcgm:DCGM_FR_<NAME>`, `cuda:<cudaErrorName>`, NCCL names;
+Ascend `0x80C98000`, `EI0002`, `EZ9999`, `E19999`, `acl:<n>`, `hccl:<n>`, `ERR02200`; Cambricon
+`cncl:<NAME>`, `cndev:<NAME>`, `cnrt:<cnrtRet_t name>`; generic `oom_killed`, ...; fake `fake:<n>`.
 """
 
 from udal.base import (

@@ -1,9 +1,12 @@
 """Cambricon MLUs: CNCL and CNRT return codes, mlu-exporter metrics, device plugin resource.
 
 Codes: `cncl:<NAME>` (cnclResult_t names, e.g. `cncl:CNCL_RET_ERR_SYS_SOCKET`), `cnrt:<name>` (every
-cnrtRet_t, e.g. `cnrt:cnrtErrorNoMem`, from cambricon_cnrt_catalog.yaml), `cndev:<NAME>`
-(`cndev:XID_ERROR`, `cndev:MLULINK_DOWN`, `cndev:DBE_VIOLATION`; the CNDev table itself was not
-found, those rows are marked inferred), `cnrt_oom`, `mlu_oom`.
+cnrtRet_t, e.g. `cnrt:cnrtErrorNoMem`, from cambricon_cnrt_catalog.yaml), `cndrv:<CN_* name>` (every
+CNresult of the driver API, cambricon_cndrv_catalog.yaml), `cndev:<NAME>` (cndevRet_t names such as
+`cndev:CNDEV_ERROR_NO_DRIVER` from cambricon_cndev_catalog.yaml, and the rule names `cndev:XID_ERROR`,
+`cndev:MLULINK_DOWN`, `cndev:DBE_VIOLATION`, whose CNDev event table was not found: those rows are
+marked inferred), `cnrt_oom`, `mlu_oom`. Bare names (`CN_MEMORY_ERROR_OUT_OF_MEMORY`,
+`CNDEV_ERROR_NO_DRIVER`, `CNCL_RET_ERR_SYSTEM`, `cnrtErrorNoMem`) get their prefix.
 
 Node labels: Cambricon publishes no node-label convention that could be verified, so detection
 uses the generic `ai.accelerator/chip-type=cambricon` label, a `cambricon.com/mlu.*` label if a
@@ -21,7 +24,8 @@ from udal.base import ChipPlugin, pci_vendor_present
 # Cambricon publishes no resolution bucket for these codes: no vendor bucket to normalize.
 ACTION_MAP: Mapping[str, Action] = {}
 
-_PREFIXED = re.compile(r"^\s*(cncl|cndev)\s*:\s*([A-Za-z0-9_]+)\s*$", re.IGNORECASE)
+_PREFIXED = re.compile(r"^\s*(cncl|cndev|cndrv)\s*:\s*([A-Za-z0-9_]+)\s*$", re.IGNORECASE)
+_BARE = re.compile(r"^\s*((CNCL_RET)|(CNDEV_(?:SUCCESS|ERROR))|(CN_))[A-Z0-9_]*\s*$")
 _CNRT = re.compile(r"^\s*(?:cnrt\s*:\s*)?(cnrt(?:Success|Error[A-Za-z0-9]+))\s*$")
 
 # Cambricon mlu-exporter (github.com/Cambricon/mlu-exporter, examples/metrics.yaml and
@@ -67,7 +71,11 @@ class CambriconPlugin(ChipPlugin):
     }
     action_map = ACTION_MAP
     catalog_file = "cambricon_catalog.yaml"
-    extra_catalog_files = ("cambricon_cnrt_catalog.yaml",)
+    extra_catalog_files = (
+        "cambricon_cnrt_catalog.yaml",
+        "cambricon_cndev_catalog.yaml",
+        "cambricon_cndrv_catalog.yaml",
+    )
 
     PCI_VENDOR_ID = "cabc"
 
@@ -78,6 +86,10 @@ class CambriconPlugin(ChipPlugin):
         match = _CNRT.match(code)
         if match:
             return f"cnrt:{match.group(1)}"
+        match = _BARE.match(code)
+        if match:
+            family = "cncl" if match.group(2) else "cndev" if match.group(3) else "cndrv"
+            return f"{family}:{code.strip()}"
         return code.strip()
 
     def detect_vendor(self, labels: Mapping[str, str]) -> bool:

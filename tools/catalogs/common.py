@@ -17,7 +17,9 @@ ACTION_EN = {
     "reboot_node": "Drain the node and reboot it, then restart the job.",
     "isolate_node": "Take the node out of scheduling and have the hardware checked.",
     "contact_support": "A person must look at this: collect the logs and contact the vendor's support.",
-    "notify_owner": "The job's owner must fix the code, configuration or environment; a restart as is would fail the same way.",
+    "notify_owner": (
+        "The job's owner must fix the code, configuration or environment; a restart as is would fail the same way."
+    ),
 }
 ACTION_ZH = {
     "ignore": "无需处理，持续观察即可。",

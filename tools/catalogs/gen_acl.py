@@ -58,6 +58,8 @@ KERNEL_FAULT = {
     507916,
 }
 BENIGN = {0, 507023}
+# "model execute failed" / "stream sync" wrappers report an earlier task error.
+CONSEQUENCE = {507011}
 
 
 def classify(value: int, name: str) -> tuple[str | None, str, str]:
@@ -116,6 +118,9 @@ def main(include: Path) -> None:
         else:
             note += " Description = the header's comment. Action chosen by trainmedic from the rule and the comment."
         words = desc.rstrip(".")
+        consequence = value in CONSEQUENCE
+        if consequence:
+            note += " Usually the consequence of an earlier device-side error: look for the first error of the device."
         rows.append(
             row(
                 f"acl:{value}",
@@ -128,6 +133,7 @@ def main(include: Path) -> None:
                 zh=f"昇腾 ACL/Runtime 返回 {value}（{name}）：{words}。",
                 note=note,
                 inferred=inferred,
+                consequence=consequence,
             )
         )
     rows.sort(key=lambda r: int(r["code"].split(":")[1]))

@@ -7,6 +7,8 @@ page that lists the modules' internal error codes.
 
 from __future__ import annotations
 
+import re
+
 from common import row, write
 
 INTERNAL_ZH = "E*9***表示系统内部错误码，请根据报错信息进行问题排查。如果问题仍然存在，请联系技术支持。"
@@ -299,8 +301,12 @@ CLASS = {
 
 
 def steps_of(solution: str) -> list[str] | None:
+    """A numbered Solution ("1. ... 2. ...") as its ordered steps; N/A as none."""
     if solution in (NA, "N/A."):
         return None
+    parts = [p.strip() for p in re.split(r"(?<=[.)])\s*(?=\d\. )|\n(?=\d\. )", solution) if p.strip()]
+    if len(parts) > 1:
+        return [re.sub(r"^\d\.\s*", "", p) for p in parts]
     return [solution]
 
 
@@ -334,8 +340,9 @@ def main() -> None:
                 en=f"CANN reported {code} ({err_class}: {title}).",
                 zh=f"CANN 上报 {code}（{err_class}：{title}）。",
                 note=f"{err_class} error-message registry: errTitle -> mnemonic, ErrMessage -> description (verbatim, with %s placeholders). Action chosen by trainmedic from the Solution text.",
-                causes=None if cause == NA else [cause],
+                causes=steps_of(cause),
                 steps=steps_of(solution),
+                texts=[message] if message != "%s" else None,
             )
         )
     header = """# Huawei Ascend CANN error codes (families E1-E9xxxx, EA-EO, EZ) for trainmedic (chip: ascend). Loaded by
@@ -347,7 +354,7 @@ def main() -> None:
 #    CANN 8.1.RC1 beta1): the list E19999 .. EZ9999 with the shared text, transcribed verbatim (zh).
 # 2. EZ9999 / EZ1001 / EZ9903: the AclNN (opbase) error-message registry (REG_FORMAT_ERROR_MSG JSON in CANN's
 #    open-sourced opbase, 2025): errTitle -> mnemonic, ErrMessage -> description, Possible Cause -> causes,
-#    Solution -> steps, verbatim.
+#    Solution -> steps, verbatim; ErrMessage is also the row's `texts` for lookup_text.
 # 3. E10xxx-E14xxx, E19999 ("GE Errors"): GE's error-message registry (cann/ge, ge_error_code JSON, 2025),
 #    same mapping. Only the codes a training job can meet at run time were transcribed (argument, operator,
 #    file, environment and network errors, and E19999 Inner_Error); the ATC model-conversion codes
