@@ -329,9 +329,10 @@ def test_merge_rejects_a_bucket_mapped_two_ways() -> None:
 
 
 def test_yaml_loader_is_libyaml_when_available() -> None:
-    from udal import base
+    from trainmedic.datafile import fast_loader
 
-    assert base._YAML_LOADER is getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    # udal.base reads catalogs through trainmedic.datafile.load_yaml.
+    assert fast_loader() is getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 @pytest.mark.parametrize(
