@@ -197,6 +197,14 @@ def s_raise_exception():
             "'Root Cause (first observed failure)' block names rank 1, exitcode 1, with the traceback (@record)."), port=29501)
 
 
+def s_raise_exception_4ranks():
+    run("raise_exception_4ranks", ["--mode", "keyerror", "--fail-rank", "2", "--fail-step", "3"],
+        exp("app_error", "python_exception", 2,
+            "4 ranks; rank 2 raises KeyError: 'labels' at step 3; the other ranks fail or are SIGTERMed by torchrun "
+            "as a consequence; the 'Root Cause (first observed failure)' block names rank 2 (local_rank 2)."),
+        nproc=4, port=29521)
+
+
 def s_rank_sigkill():
     run("rank_sigkill", ["--mode", "healthy", "--steps", "60", "--step-sleep", "0.3"],
         exp("process_killed", "sigkill", 1,
@@ -214,7 +222,8 @@ def s_rank_sigkill_fast_monitor():
         exp("process_killed", "sigkill", 1,
             "rank 1 SIGKILLed from outside after step 3 with torchrun's default --monitor-interval (0.1 s): torchrun "
             "notices at once, names local_rank 1 'exitcode -9 ... Signal 9 (SIGKILL) received by PID' as the root "
-            "cause and SIGTERMs rank 0 before it reaches a collective (no gloo error in this log)."),
+            "cause and SIGTERMs rank 0; whether rank 0 first prints a gloo 'Connection closed by peer' error depends on "
+            "timing (in this recording it did)."),
         port=29519, during=kill_rank(1, signal.SIGKILL))
 
 
@@ -345,8 +354,11 @@ def s_disk_full_checkpoint():
         run("disk_full_checkpoint", ["--mode", "healthy", "--dim", "1024", "--steps", "8", "--ckpt-every", "4",
                                      "--ckpt-dir", CKPT_MNT],
             exp("storage_error", "enospc", 0,
-                "rank 0 saves a ~8 MiB checkpoint into a 1 MiB tmpfs at " + CKPT_MNT + " at step 4: torch.save fails "
-                "with 'PytorchStreamWriter failed writing file' / 'No space left on device'; rank 1 then fails in "
+                "rank 0 saves a ~8 MiB checkpoint (torch.save(state, path)) into a 1 MiB tmpfs at " + CKPT_MNT +
+                " after step 4. With this torch build the text does NOT say ENOSPC: torch.save fails with "
+                "'RuntimeError: basic_ios::clear: iostream error' and then '[enforce fail at inline_container.cc:...] "
+                ". unexpected pos ... vs ...' (PyTorchStreamWriter); the only storage hint is the 'saving checkpoint "
+                "to /mnt/...' line before it and torch.save/serialization.py in the traceback. Rank 1 then fails in "
                 "the barrier (Connection closed by peer)."), port=29512)
     finally:
         subprocess.run(["umount", CKPT_MNT])
@@ -360,7 +372,9 @@ def s_disk_full_checkpoint_fileobj():
                                              "4", "--ckpt-dir", CKPT_MNT, "--ckpt-fileobj"],
             exp("storage_error", "enospc", 0,
                 "as disk_full_checkpoint, but rank 0 calls torch.save(state, f) on a file it opened itself "
-                "(open(path, 'wb')), into the 1 MiB tmpfs at " + CKPT_MNT + "; see the log for the exact text."),
+                "(open(path, 'wb')), into the 1 MiB tmpfs at " + CKPT_MNT + ": here the log has "
+                "'OSError: [Errno 28] No space left on device', followed by '[enforce fail at inline_container.cc:...] "
+                ". unexpected pos ... vs ...'. Rank 1 then fails in the barrier (Connection closed by peer)."),
             port=29520)
     finally:
         subprocess.run(["umount", CKPT_MNT])
