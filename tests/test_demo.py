@@ -243,7 +243,11 @@ def test_demo_command_as_a_subprocess(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("value", "faults"),
-    [("all", ["xid", "oom", "hccl", "hang"]), ("hang", ["hang"]), ("xid, hccl", ["xid", "hccl"])],
+    [
+        ("all", ["xid", "oom", "hccl", "hang", "node-lost", "app-error"]),
+        ("hang", ["hang"]),
+        ("xid, hccl", ["xid", "hccl"]),
+    ],
 )
 def test_parse_faults(value: str, faults: list[str]) -> None:
     assert parse_faults(value) == faults
