@@ -334,6 +334,11 @@ async def test_kmsg_resumes_after_the_remembered_sequence_of_the_same_boot(
     first = KmsgSource(dev, **env.common(), start_at="start", position_store=store, boot_time=BOOT, boot_id="b1")
     async with running(first):
         await env.wait_lines(2)
+        # The cursor is recorded once the publish is acknowledged, just after the lines reach the bus.
+        for _ in range(500):
+            if first.positions.store is not None and first.positions.store.cursors.get("kmsg"):
+                break
+            await asyncio.sleep(0.01)
     assert json.loads(store.read_text())["cursors"]["kmsg"] == {"boot_id": "b1", "seq": 2}
     with dev.open("a") as f:
         f.write("6,3,30,-;third\n")
