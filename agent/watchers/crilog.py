@@ -52,7 +52,7 @@ from pathlib import Path
 from agent.bus.base import Bus
 from agent.jobindex import JobIndex
 from agent.telemetry import Telemetry
-from agent.watchers.follow import FileFollower, FileId, PositionStore, Rfc3339, Segment, StartAt
+from agent.watchers.follow import FileFollower, FileId, PositionSaver, PositionStore, Rfc3339, Segment, StartAt
 from trainmedic.events import MAX_MESSAGE_BYTES, Event, JobRef, LogBatch, Topic, make_event
 
 log = logging.getLogger("trainmedic.watchers.crilog")
@@ -207,6 +207,7 @@ class CriLogTailer:
         self.start_at: StartAt = start_at
         self.store = PositionStore(position_store) if position_store is not None else None
         self.position_flush_interval = position_flush_interval
+        self._saver = PositionSaver(self.store, position_flush_interval, SOURCE, telemetry)
         self.attribution_grace = attribution_grace
         self.batch_lines = batch_lines
         self.batch_bytes = batch_bytes
@@ -223,11 +224,9 @@ class CriLogTailer:
         self._ignored: set[str] = set()
         self._started = False
         self._next_scan = 0.0
-        self._last_save = float("-inf")
         self._last_t = 0.0
         self._root_missing = False
         self._inflight: asyncio.Future[bool] | None = None
-        self._save_failing = False
         self._rr = 0
 
     # -- running --------------------------------------------------------------------------------
@@ -281,8 +280,7 @@ class CriLogTailer:
             if not inflight.cancelled() and inflight.exception() is not None:
                 log.warning("the last read before stopping failed: %s", inflight.exception())
         try:
-            if self.store is not None and self.store.dirty:
-                await asyncio.to_thread(self.store.save)
+            await self._saver.save(force=True)
         except Exception:
             log.exception("could not save read positions on shutdown")
         finally:
@@ -776,21 +774,7 @@ class CriLogTailer:
                 self.store.drop(fid)
 
     async def _maybe_save(self, *, force: bool) -> None:
-        if self.store is None or not self.store.dirty:
-            return
-        now = asyncio.get_running_loop().time()
-        if not force and now - self._last_save < self.position_flush_interval:
-            return
-        self._last_save = now
-        try:
-            await asyncio.to_thread(self.store.save)
-        except OSError as e:
-            if not self._save_failing:
-                log.warning("cannot save read positions to %s: %s (will retry)", self.store.path, e)
-            self._save_failing = True
-            self.telemetry.watch_errors.labels(source=SOURCE, kind="position_store").inc()
-        else:
-            self._save_failing = False
+        await self._saver.save(force=force)
 
     async def save_positions(self) -> None:
         """Write the position store now (what a graceful stop does)."""

@@ -25,6 +25,7 @@ Everything here is blocking file I/O: callers run it in a thread (asyncio.to_thr
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import datetime as _dt
 import json
@@ -35,7 +36,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from agent.telemetry import Telemetry
 
 log = logging.getLogger("trainmedic.watchers.follow")
 
@@ -651,3 +655,59 @@ class PositionStore:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
             raise
+
+
+class PositionSaver:
+    """Saves a source's `PositionStore` from the event loop: in a thread, one save at a time.
+
+    A saver is shared by a source's publisher (which moves positions on acknowledgement) and its
+    stop path. A save runs in a thread that a cancelled caller does not stop; a forced save (the
+    last one, on stop) first waits for one still running, so the file on disk is never older than
+    what was acknowledged. Unforced saves happen at most once per `flush_interval`.
+    """
+
+    def __init__(self, store: PositionStore | None, flush_interval: float, source: str, telemetry: Telemetry) -> None:
+        self.store = store
+        self.flush_interval = flush_interval
+        self.source = source
+        self.telemetry = telemetry
+        self._last_save = float("-inf")
+        self._failing = False
+        self._inflight: asyncio.Future[None] | None = None
+
+    @classmethod
+    def at(
+        cls, path: str | os.PathLike[str] | None, flush_interval: float, source: str, telemetry: Telemetry
+    ) -> PositionSaver:
+        return cls(PositionStore(path) if path is not None else None, flush_interval, source, telemetry)
+
+    async def load(self) -> None:
+        if self.store is not None:
+            await asyncio.to_thread(self.store.load)
+
+    async def save(self, *, force: bool = False) -> None:
+        """Save the store if it changed; errors are counted and logged once, and retried later."""
+        if self.store is None:
+            return
+        running = self._inflight
+        if running is not None and not running.done():
+            if not force:
+                return
+            await asyncio.wait([running])
+        if not self.store.dirty:
+            return
+        now = asyncio.get_running_loop().time()
+        if not force and now - self._last_save < self.flush_interval:
+            return
+        self._last_save = now
+        self._inflight = task = asyncio.ensure_future(asyncio.to_thread(self.store.save))
+        await asyncio.wait([task])
+        try:
+            task.result()
+        except OSError as e:
+            if not self._failing:
+                log.warning("cannot save read positions to %s: %s (will retry)", self.store.path, e)
+            self._failing = True
+            self.telemetry.watch_errors.labels(source=self.source, kind="position_store").inc()
+        else:
+            self._failing = False

@@ -43,7 +43,15 @@ from typing import Any, Protocol
 from agent.bus.base import Bus
 from agent.jobindex import JobIndex
 from agent.telemetry import Telemetry
-from agent.watchers.follow import FileFollower, FileId, PositionStore, ReadResult, Rfc3339, StartAt
+from agent.watchers.follow import (
+    FileFollower,
+    FileId,
+    PositionSaver,
+    PositionStore,
+    ReadResult,
+    Rfc3339,
+    StartAt,
+)
 from trainmedic.errors import TrainmedicError
 from trainmedic.events import MAX_MESSAGE_BYTES, Event, KernelBatch, Topic, make_event, node_key
 
@@ -299,41 +307,6 @@ async def _together(*coros: Awaitable[None]) -> None:
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-class _Positions:
-    """A position store shared by a source's publisher (updates) and its flush schedule."""
-
-    def __init__(
-        self, path: str | os.PathLike[str] | None, flush_interval: float, source: str, telemetry: Telemetry
-    ) -> None:
-        self.store = PositionStore(path) if path is not None else None
-        self.flush_interval = flush_interval
-        self.source = source
-        self.telemetry = telemetry
-        self._last_save = float("-inf")
-        self._failing = False
-
-    async def load(self) -> None:
-        if self.store is not None:
-            await asyncio.to_thread(self.store.load)
-
-    async def save(self, *, force: bool = False) -> None:
-        if self.store is None or not self.store.dirty:
-            return
-        now = asyncio.get_running_loop().time()
-        if not force and now - self._last_save < self.flush_interval:
-            return
-        self._last_save = now
-        try:
-            await asyncio.to_thread(self.store.save)
-        except OSError as e:
-            if not self._failing:
-                log.warning("cannot save read positions to %s: %s (will retry)", self.store.path, e)
-            self._failing = True
-            self.telemetry.watch_errors.labels(source=self.source, kind="position_store").inc()
-        else:
-            self._failing = False
-
-
 # -- /dev/kmsg ---------------------------------------------------------------------------------------
 
 
@@ -387,7 +360,7 @@ class KmsgSource:
         self.boot_time = boot_time
         self.boot_id = boot_id
         self.poll_timeout = poll_timeout
-        self.positions = _Positions(position_store, position_flush_interval, self.SOURCE, telemetry)
+        self.positions = PositionSaver.at(position_store, position_flush_interval, self.SOURCE, telemetry)
         self.publisher = _Publisher(
             source=self.SOURCE,
             bus=bus,
@@ -600,7 +573,7 @@ class KernelFileSource:
         self.rotate_wait = rotate_wait
         self.read_budget = read_budget
         self.telemetry = telemetry
-        self.positions = _Positions(position_store, position_flush_interval, self.SOURCE, telemetry)
+        self.positions = PositionSaver.at(position_store, position_flush_interval, self.SOURCE, telemetry)
         self.publisher = _Publisher(
             source=self.SOURCE,
             bus=bus,
@@ -823,7 +796,7 @@ class JournaldSource:
         self.backoff_initial = backoff_initial
         self.backoff_max = backoff_max
         self.max_entry_bytes = max_entry_bytes
-        self.positions = _Positions(position_store, position_flush_interval, self.SOURCE, telemetry)
+        self.positions = PositionSaver.at(position_store, position_flush_interval, self.SOURCE, telemetry)
         self.publisher = _Publisher(
             source=self.SOURCE,
             bus=bus,
