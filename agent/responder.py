@@ -125,6 +125,9 @@ class ResponderSettings:
     # once it is gone (the journal keeps the body).
     gone_deadline_s: float = 3600.0
     approval_poll_s: float = 2.0
+    # Between writing a node's circuit-breaker claim and reading the pool's claims back: longer than
+    # a write takes to land and than the brains' clocks differ (remediations/actions/quarantine_node.py).
+    breaker_settle_s: float = 2.0
     # An action that failed temporarily is tried again after this long.
     retry_after_s: float = 10.0
     poll_ms: int = 100

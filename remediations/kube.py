@@ -969,6 +969,14 @@ class KubeOps:
             log.info("node %s is already quarantined by incident %s (asked by %s)", node, already_by, incident_id)
         return QuarantineResult(node, changed, already_by, seen.get("incident"))
 
+    async def annotate_node(self, node: str, name: str, value: str | None) -> None:
+        """Set (or, with None, remove) one annotation of a node, leaving the rest alone (a merge patch:
+        no read first, so it is one round trip; the circuit breaker's claims are written this way)."""
+        _check_names(node=node)
+        what = _What("patch", NODES, name=node)
+        patch = {"metadata": {"annotations": {name: value}}}
+        await self._request(what, self.core.patch_node, node, patch, _content_type=MERGE_PATCH)
+
     async def release_node(self, node: str, *, incident_id: str | None = None) -> bool:
         """Undo exactly what `quarantine_node` did: our taint, label and annotations go, the condition
         turns False (Released), and the node is uncordoned only if it was schedulable before.

@@ -595,6 +595,28 @@ EV_DONE = "done"  # key: incident + action (commit is idempotent per incident an
 # A quarantine reserved before the node is tainted holds its place this long: longer than any read of
 # the nodes can be stale, so a node tainted since that read is still counted once, by its name.
 RESERVATION_HOLD_S = 900.0
+# The annotation a brain writes on a node right before it taints it: `<epoch seconds> <incident id>`.
+# Every brain ranks the pool's claims alike (oldest first, then by node name), so brains that share
+# nothing but the cluster take no more than the pool's share between them.
+CLAIM_ANNOTATION = TAINT_PREFIX + "breaker-claim"
+
+
+def format_claim(t: float, incident_id: str) -> str:
+    return f"{t:.6f} {incident_id}"
+
+
+def parse_claim(value: object) -> tuple[float, str] | None:
+    """(t, incident id) of a claim annotation; None when absent or not one."""
+    if not isinstance(value, str):
+        return None
+    at, _, incident = value.partition(" ")
+    try:
+        t = float(at)
+    except ValueError:
+        return None
+    return (t, incident) if math.isfinite(t) else None
+
+
 _EVER = float("-inf")
 
 
@@ -716,6 +738,34 @@ class Policy:
             if any(isinstance(t, Mapping) and str(t.get("key", "")).startswith(TAINT_PREFIX) for t in taints):
                 out.add(meta["name"])
         return frozenset(out)
+
+    def pool_claims(
+        self, node: str | None, nodes: Iterable[Mapping[str, Any]], since: float
+    ) -> list[tuple[float, str]]:
+        """The breaker claims (`trainmedic.io/breaker-claim`, written by any brain right before it
+        taints a node) on the nodes of `node`'s pool made at `t >= since`, as (t, node), oldest first:
+        the order every brain ranks them in."""
+        nodes = list(nodes)
+        pool, _ = self.pool_of(node, nodes)
+        out: list[tuple[float, str]] = []
+        for obj in nodes:
+            meta = obj.get("metadata") if isinstance(obj, Mapping) else None
+            if not isinstance(meta, Mapping) or not isinstance(meta.get("name"), str):
+                continue
+            if self.pool_of(meta["name"], nodes)[0] != pool:
+                continue
+            ann = meta.get("annotations")
+            claim = parse_claim(ann.get(CLAIM_ANNOTATION) if isinstance(ann, Mapping) else None)
+            if claim is not None and claim[0] >= since:
+                out.append((claim[0], meta["name"]))
+        return sorted(out)
+
+    def breaker_refusal(
+        self, node: str, ctx: PolicyContext, state: PolicyState, done: int, *, incident_id: str | None = None
+    ) -> I18nText:
+        """Why `node` is not quarantined (its pool's share is taken); the breaker is recorded open."""
+        self.commit_breaker(ctx, state, incident_id=incident_id)
+        return self._breaker_text(ctx, node, done, self.spec.circuit_breaker.allowed(ctx.pool_size))
 
     # -- escalation --
 

@@ -49,6 +49,8 @@ class RestartSettings(Protocol):
     wait_gone_s: float
     gone_deadline_s: float
     retry_after_s: float
+    breaker_settle_s: float
+    stack_timeout_s: float
 
 
 class Runtime(Protocol):

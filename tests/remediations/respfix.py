@@ -77,6 +77,8 @@ class FakeKube:
     created: list[dict[str, Any]] = field(default_factory=list)
     deleted: list[str] = field(default_factory=list)
     quarantines: list[str] = field(default_factory=list)
+    # Circuit-breaker claims written (trainmedic.io/breaker-claim).
+    claims_written: int = 0
     # Where the agent dies once: before_delete, after_delete, before_create, after_create.
     crash_at: str | None = None
     api: Any = None
@@ -106,6 +108,15 @@ class FakeKube:
         await self._rtt()
         n = self.nodes.get(name)
         return copy.deepcopy(n) if n else None
+
+    async def annotate_node(self, name: str, key: str, value: str | None) -> None:
+        await self._rtt()
+        ann = self.nodes[name]["metadata"].setdefault("annotations", {})
+        if value is None:
+            ann.pop(key, None)
+        else:
+            ann[key] = value
+        self.claims_written += value is not None
 
     async def quarantine_node(self, name: str, *, incident_id: str, fault_class: Any, reason: str) -> QuarantineResult:
         await self._rtt()
