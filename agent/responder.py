@@ -76,7 +76,7 @@ from remediations.kube import KubeError, KubeOps, PermanentKubeError
 from remediations.policy import ActionName, Mode, Plan, Policy, PolicyContext
 from remediations.policy_state import PolicyState
 from remediations.scene import SceneInputs, SceneSettings, save_scene
-from remediations.stacks import ExecResult, exec_in_pod
+from remediations.stacks import ExecResult, StackSource, exec_in_pod
 from trainmedic.events import DiagnosisEvent, IncidentEvent, JobRef, Topic, make_event
 from trainmedic.models import I18nText, RootCause
 
@@ -158,6 +158,7 @@ class Responder:
         kernel_tail: Mapping[str, Sequence[tuple[float, str]]] | None = None,
         metrics_range: MetricsRange | None = None,
         stack_dumper: Callable[..., Awaitable[Mapping[str, Any]]] | None = None,
+        stack_source: StackSource | None = None,
         producer: str = "brain",
         clock: Callable[[], float] = time.time,
         notifier: Notifier | None = None,
@@ -172,6 +173,8 @@ class Responder:
         self.kernel_tail = kernel_tail if kernel_tail is not None else {}
         self.metrics_range = metrics_range
         self.stack_dumper = stack_dumper
+        # Exec and logs for the dump_stacks action (None: the API server's exec through KubeOps).
+        self._stack_source = stack_source
         self.producer = producer
         self.clock = clock
         # Each incident state is queued in the notifier's durable outbox before it is published.
@@ -625,6 +628,17 @@ class Responder:
 
     async def find_workload(self, job: JobRef) -> dict[str, Any] | None:
         return await self._workload(job)
+
+    @property
+    def stack_source(self) -> StackSource:
+        return self._stack_source or _SceneSource(self)
+
+    async def job_pods(self, job: JobRef) -> list[dict[str, Any]]:
+        return await self._pods(job, await self._workload(job))
+
+    def scene_path(self, incident_id: str) -> Path | None:
+        scene = self.store.get(incident_id).scene_dir
+        return Path(scene) if scene else None
 
     def policy_context(self, incident_id: str, rc: RootCause) -> PolicyContext:
         return self._ctx_light(self.store.get(incident_id), rc)

@@ -82,6 +82,7 @@ class ActionName(StrEnum):
     QUARANTINE_NODE = "quarantine_node"
     RESTART_FROM_CHECKPOINT = "restart_from_checkpoint"
     RAISE_MEMORY_LIMIT = "raise_memory_limit"
+    DUMP_STACKS = "dump_stacks"
     NOTIFY = "notify"
 
 
@@ -304,13 +305,22 @@ class RaiseMemorySpec(_Model):
         return parse_quantity(self.max)
 
 
+class DumpStacksSpec(_Model):
+    """Take the Python stacks of the job's training processes (py-spy, or the SIGUSR1 faulthandler
+    dump) into the incident's scene right before a restart kills them; never blocks what follows."""
+
+    action: Literal["dump_stacks"]
+
+
 class NotifySpec(_Model):
     """Tell the team (report, webhooks)."""
 
     action: Literal["notify"]
 
 
-ActionSpec = Annotated[QuarantineSpec | RestartSpec | RaiseMemorySpec | NotifySpec, Field(discriminator="action")]
+ActionSpec = Annotated[
+    QuarantineSpec | RestartSpec | RaiseMemorySpec | DumpStacksSpec | NotifySpec, Field(discriminator="action")
+]
 
 
 class PolicyRule(_Model):
@@ -1071,6 +1081,8 @@ class Policy:
                 "code": rc.code,
                 "pool": ctx.pool,
             }
+        if isinstance(spec, DumpStacksSpec):
+            return {"job_key": ctx.job_key}
         if isinstance(spec, RaiseMemorySpec):
             return {
                 "job_key": ctx.job_key,
@@ -1185,6 +1197,11 @@ def _reason(spec: ActionSpec, rc: RootCause, ctx: PolicyContext) -> I18nText:
         return _t(
             f"Restart {job} from its latest complete checkpoint after {what}.",
             f"在 {what_zh} 之后，从最近的完整检查点重启 {job}。",
+        )
+    if isinstance(spec, DumpStacksSpec):
+        return _t(
+            f"Take the Python stacks of {job}'s training processes into the scene before anything restarts them.",
+            f"在重启之前，将 {job} 训练进程的 Python 调用栈保存到现场。",
         )
     if isinstance(spec, RaiseMemorySpec):
         return _t(
@@ -1337,6 +1354,7 @@ __all__ = [
     "ActionName",
     "Backoff",
     "CircuitBreaker",
+    "DumpStacksSpec",
     "EscalationRule",
     "Match",
     "Mode",

@@ -77,6 +77,8 @@ class FakeKube:
     created: list[dict[str, Any]] = field(default_factory=list)
     deleted: list[str] = field(default_factory=list)
     quarantines: list[str] = field(default_factory=list)
+    # The jobs' pods (most tests have none).
+    pods: list[dict[str, Any]] = field(default_factory=list)
     # Circuit-breaker claims written (trainmedic.io/breaker-claim).
     claims_written: int = 0
     # Where the agent dies once: before_delete, after_delete, before_create, after_create.
@@ -187,11 +189,16 @@ class FakeKube:
         self._crash("after_create")
         return copy.deepcopy(obj)
 
-    # -- pods, logs, events: the jobs of these tests have no pods --
+    # -- pods, logs, events (pods: only those a test adds) --
 
     async def list_job_pods(self, namespace: str, selector: Mapping[str, str]) -> list[dict[str, Any]]:
         await self._rtt()
-        return []
+        return [
+            copy.deepcopy(p)
+            for p in self.pods
+            if p["metadata"]["namespace"] == namespace
+            and all(p["metadata"].get("labels", {}).get(k) == v for k, v in selector.items())
+        ]
 
     async def pod_log(self, *args: Any, **kwargs: Any) -> str:
         return ""
@@ -265,8 +272,24 @@ class Harness:
         return await self.responder.handle(d, key=job_key(d.job.namespace, d.job.name))
 
 
+def pod(namespace: str, job_name: str, name: str, phase: str = "Running") -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"namespace": namespace, "name": name, "labels": {"job-name": job_name}},
+        "spec": {"containers": [{"name": "train", "image": "trainer:1"}], "nodeName": "gpu-0"},
+        "status": {"phase": phase},
+    }
+
+
 def harness(
-    tmp: Path, pol: Policy, kube: FakeKube | None = None, *, clock: Callable[[], float] | None = None, **settings: Any
+    tmp: Path,
+    pol: Policy,
+    kube: FakeKube | None = None,
+    *,
+    clock: Callable[[], float] | None = None,
+    stack_source: Any = None,
+    **settings: Any,
 ) -> Harness:
     kube = kube or FakeKube()
     store = IncidentStore(tmp / "incidents.db")
@@ -279,5 +302,6 @@ def harness(
         state,
         settings=ResponderSettings(scene_dir=tmp / "scenes", reports=False, stacks=False, **settings),
         clock=clock or time.time,
+        stack_source=stack_source,
     )
     return Harness(kube, store, responder, state)
