@@ -286,8 +286,13 @@ class Responder:
     async def resume(self) -> None:
         """Carry on with incidents a previous run of this agent left half way (the journal): actions
         interrupted (a workload deleted but not yet recreated), or a final diagnosis whose scene or
-        plan was not finished (with the memory bus, the diagnosis itself is gone with the process)."""
-        for incident in self.store.unfinished():
+        plan was not finished (with the memory bus, the diagnosis itself is gone with the process).
+
+        Replacement bodies left on disk by a journal that has ended (a crash between its last step
+        and the body's removal) are removed first: env values never outlive the restart."""
+        unfinished = self.store.unfinished()
+        self._drop_bodies({_UNSAFE_NAME.sub("_", i.id)[:200] for i in unfinished}, keep=True)
+        for incident in unfinished:
             if self._carrying_on(incident):
                 log.info("resuming incident %s (%s): actions were interrupted", incident.id, incident.key)
                 await self._execute(incident)
@@ -603,6 +608,22 @@ class Responder:
                 os.close(dfd)
         return {"file": name, "sha256": hashlib.sha256(data).hexdigest()}
 
+    def _drop_bodies(self, names: set[str], *, keep: bool) -> None:
+        """Remove the replacement bodies (and half-written ones) of the incidents named (by their
+        file-safe id); with `keep`, of every incident but those."""
+        try:
+            files = list(self.body_dir.iterdir())
+        except OSError:
+            return
+        for f in files:
+            stem = f.name.removeprefix(".").removesuffix(".tmp")
+            parts = stem.rsplit(".", 2)
+            if len(parts) != 3 or parts[2] != "json":
+                continue
+            if (parts[0] in names) is not keep:
+                with contextlib.suppress(OSError):
+                    f.unlink()
+
     def load_body(self, params: Mapping[str, Any]) -> dict[str, Any]:
         ref = params.get("body_ref")
         if not ref:
@@ -835,6 +856,8 @@ class Responder:
     # -- out --------------------------------------------------------------------------------------------
 
     def _finish(self, incident: Incident) -> None:
+        # The journal is over: no replacement body (env values) stays on disk, whatever the end.
+        self._drop_bodies({_UNSAFE_NAME.sub("_", incident.id)[:200]}, keep=False)
         self.handled[incident.id] = incident.status
         self.changed.set()
 

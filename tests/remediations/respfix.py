@@ -21,7 +21,7 @@ from typing import Any
 
 from agent.bus.memory import MemoryBus
 from agent.responder import Responder, ResponderSettings
-from agent.store import IncidentStore
+from agent.store import ActionState, IncidentStore
 from remediations.kube import TAINT_EFFECT, TAINT_KEY, ConflictError, QuarantineResult
 from remediations.policy import Policy, parse_policy
 from remediations.policy_state import MemoryPolicyState
@@ -214,6 +214,31 @@ class FakeKube:
         return True
 
 
+class CrashingStore(IncidentStore):
+    """The incident store of an agent that dies (SIGKILL) right before or right after the journal
+    records one state of an action: `crash_at` = ("before" | "after", state)."""
+
+    crash_at: tuple[str, str] | None = None
+
+    def update_action(
+        self,
+        incident_id: str,
+        seq: int,
+        state: ActionState,
+        *,
+        params: Mapping[str, Any] | None = None,
+        result: Mapping[str, Any] | None = None,
+    ) -> None:
+        where = self.crash_at
+        if where == ("before", state.value):
+            self.crash_at = None
+            raise Crash(f"before journalling {state.value}")
+        super().update_action(incident_id, seq, state, params=params, result=result)
+        if where == ("after", state.value):
+            self.crash_at = None
+            raise Crash(f"after journalling {state.value}")
+
+
 def policy(extra: str = "", *, actions: str = "[quarantine_node]", mode: str = "enforce") -> Policy:
     return parse_policy(
         f"version: 1\nmode: {mode}\n{extra}"
@@ -289,10 +314,12 @@ def harness(
     *,
     clock: Callable[[], float] | None = None,
     stack_source: Any = None,
+    crash_journal: tuple[str, str] | None = None,
     **settings: Any,
 ) -> Harness:
     kube = kube or FakeKube()
-    store = IncidentStore(tmp / "incidents.db")
+    store = CrashingStore(tmp / "incidents.db")
+    store.crash_at = crash_journal
     state = MemoryPolicyState()
     responder = Responder(
         MemoryBus(),
