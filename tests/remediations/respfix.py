@@ -81,6 +81,8 @@ class FakeKube:
     pods: list[dict[str, Any]] = field(default_factory=list)
     # Circuit-breaker claims written (trainmedic.io/breaker-claim).
     claims_written: int = 0
+    # An error the API (or a layer under it) answers the next delete with, once.
+    fail_delete: Exception | None = None
     # Where the agent dies once: before_delete, after_delete, before_create, after_create.
     crash_at: str | None = None
     api: Any = None
@@ -154,6 +156,9 @@ class FakeKube:
     async def delete_workload(self, obj: Mapping[str, Any], *, propagation: str = "Background") -> bool:
         await self._rtt()
         self._crash("before_delete")
+        if self.fail_delete is not None:
+            err, self.fail_delete = self.fail_delete, None
+            raise err
         meta = obj["metadata"]
         key = (str(obj["kind"]), meta["namespace"], meta["name"])
         current = self.workloads.get(key)
