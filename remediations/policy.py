@@ -1,8 +1,8 @@
 """The remediation policy: what to do about a diagnosis, as data, with the safety rails built in.
 
 A policy file (`policy.yaml` ships as the default) says, for each kind of failure, which actions
-to take (quarantine the node, restart the job from its checkpoint, raise its memory limit,
-notify), and bounds them:
+to take (quarantine the node, take the training processes' stacks, restart the job from its
+checkpoint, raise its memory limit, notify), and bounds them:
 
 - `mode`: observe (diagnose and notify only) | dry-run (plan recorded, nothing changed) |
   approve (plan recorded, a person approves) | enforce (act). Namespaces may override it.
@@ -14,7 +14,9 @@ notify), and bounds them:
   (`FaultFrequency`: EventId, TimeWindow, Times, FaultHandling): the same fault on the same node
   (or device) k times within a window adds a node quarantine ahead of the restart.
 - `circuit_breaker`: never quarantine more than a share of a node pool within a window; past it,
-  quarantines are dropped, a person is paged, and the breaker stays open for the window.
+  quarantines are dropped, a person is paged, and the breaker stays open for the window. The share
+  taken is read from the cluster (the pool's tainted nodes, and the claims brains write on nodes
+  right before tainting them: `pool_claims`), so brains that share only the cluster agree on it.
 - a workload annotated `trainmedic.io/remediate: "false"` gets notifications only.
 
 `Policy.decide` is pure given the `PolicyState` (recent history, see policy_state.py): it never
