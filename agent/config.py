@@ -136,6 +136,13 @@ class RemediateSettings(_Group):
         description="Checkpoint paths as jobs declare them -> where this agent mounts them (prefix map).",
     )
     wait_gone_s: float = Field(120.0, gt=0, description="How long a deleted workload may take to disappear.")
+    breaker_settle_s: float = Field(
+        2.0,
+        ge=0,
+        description="Between writing a node's circuit-breaker claim and reading its pool's claims back; longer "
+        "than an API write takes and than the brains' clocks differ, so brains sharing the cluster never "
+        "quarantine more than the pool's share between them.",
+    )
 
 
 SINK_KINDS = ("cloudevents", "alertmanager", "feishu", "dingtalk", "wecom", "slack")

@@ -76,7 +76,7 @@ from remediations.kube import KubeError, KubeOps, PermanentKubeError
 from remediations.policy import ActionName, Mode, Plan, Policy, PolicyContext
 from remediations.policy_state import PolicyState
 from remediations.scene import SceneInputs, SceneSettings, save_scene
-from remediations.stacks import ExecResult, exec_in_pod
+from remediations.stacks import ExecResult, StackSource, exec_in_pod
 from trainmedic.events import DiagnosisEvent, IncidentEvent, JobRef, Topic, make_event
 from trainmedic.models import I18nText, RootCause
 
@@ -125,6 +125,9 @@ class ResponderSettings:
     # once it is gone (the journal keeps the body).
     gone_deadline_s: float = 3600.0
     approval_poll_s: float = 2.0
+    # Between writing a node's circuit-breaker claim and reading the pool's claims back: longer than
+    # a write takes to land and than the brains' clocks differ (remediations/actions/quarantine_node.py).
+    breaker_settle_s: float = 2.0
     # An action that failed temporarily is tried again after this long.
     retry_after_s: float = 10.0
     poll_ms: int = 100
@@ -155,6 +158,7 @@ class Responder:
         kernel_tail: Mapping[str, Sequence[tuple[float, str]]] | None = None,
         metrics_range: MetricsRange | None = None,
         stack_dumper: Callable[..., Awaitable[Mapping[str, Any]]] | None = None,
+        stack_source: StackSource | None = None,
         producer: str = "brain",
         clock: Callable[[], float] = time.time,
         notifier: Notifier | None = None,
@@ -169,6 +173,8 @@ class Responder:
         self.kernel_tail = kernel_tail if kernel_tail is not None else {}
         self.metrics_range = metrics_range
         self.stack_dumper = stack_dumper
+        # Exec and logs for the dump_stacks action (None: the API server's exec through KubeOps).
+        self._stack_source = stack_source
         self.producer = producer
         self.clock = clock
         # Each incident state is queued in the notifier's durable outbox before it is published.
@@ -280,8 +286,13 @@ class Responder:
     async def resume(self) -> None:
         """Carry on with incidents a previous run of this agent left half way (the journal): actions
         interrupted (a workload deleted but not yet recreated), or a final diagnosis whose scene or
-        plan was not finished (with the memory bus, the diagnosis itself is gone with the process)."""
-        for incident in self.store.unfinished():
+        plan was not finished (with the memory bus, the diagnosis itself is gone with the process).
+
+        Replacement bodies left on disk by a journal that has ended (a crash between its last step
+        and the body's removal) are removed first: env values never outlive the restart."""
+        unfinished = self.store.unfinished()
+        self._drop_bodies({_UNSAFE_NAME.sub("_", i.id)[:200] for i in unfinished}, keep=True)
+        for incident in unfinished:
             if self._carrying_on(incident):
                 log.info("resuming incident %s (%s): actions were interrupted", incident.id, incident.key)
                 await self._execute(incident)
@@ -597,6 +608,22 @@ class Responder:
                 os.close(dfd)
         return {"file": name, "sha256": hashlib.sha256(data).hexdigest()}
 
+    def _drop_bodies(self, names: set[str], *, keep: bool) -> None:
+        """Remove the replacement bodies (and half-written ones) of the incidents named (by their
+        file-safe id); with `keep`, of every incident but those."""
+        try:
+            files = list(self.body_dir.iterdir())
+        except OSError:
+            return
+        for f in files:
+            stem = f.name.removeprefix(".").removesuffix(".tmp")
+            parts = stem.rsplit(".", 2)
+            if len(parts) != 3 or parts[2] != "json":
+                continue
+            if (parts[0] in names) is not keep:
+                with contextlib.suppress(OSError):
+                    f.unlink()
+
     def load_body(self, params: Mapping[str, Any]) -> dict[str, Any]:
         ref = params.get("body_ref")
         if not ref:
@@ -622,6 +649,17 @@ class Responder:
 
     async def find_workload(self, job: JobRef) -> dict[str, Any] | None:
         return await self._workload(job)
+
+    @property
+    def stack_source(self) -> StackSource:
+        return self._stack_source or _SceneSource(self)
+
+    async def job_pods(self, job: JobRef) -> list[dict[str, Any]]:
+        return await self._pods(job, await self._workload(job))
+
+    def scene_path(self, incident_id: str) -> Path | None:
+        scene = self.store.get(incident_id).scene_dir
+        return Path(scene) if scene else None
 
     def policy_context(self, incident_id: str, rc: RootCause) -> PolicyContext:
         return self._ctx_light(self.store.get(incident_id), rc)
@@ -818,6 +856,8 @@ class Responder:
     # -- out --------------------------------------------------------------------------------------------
 
     def _finish(self, incident: Incident) -> None:
+        # The journal is over: no replacement body (env values) stays on disk, whatever the end.
+        self._drop_bodies({_UNSAFE_NAME.sub("_", incident.id)[:200]}, keep=False)
         self.handled[incident.id] = incident.status
         self.changed.set()
 

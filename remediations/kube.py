@@ -61,7 +61,7 @@ from kubernetes import client as kclient
 from kubernetes.client.exceptions import ApiException
 
 from remediations.stacks import ExecResult, exec_in_pod
-from trainmedic.errors import TrainmedicError
+from trainmedic.errors import PermanentError, TemporaryError, TrainmedicError
 from trainmedic.models import FaultClass, I18nText
 
 __all__ = [
@@ -129,7 +129,7 @@ class KubeError(TrainmedicError):
         self.hint = hint
 
 
-class PermanentKubeError(KubeError):
+class PermanentKubeError(KubeError, PermanentError):
     """Retrying will not help (RBAC, a missing object, an invalid request)."""
 
 
@@ -149,7 +149,7 @@ class ReleaseRefused(PermanentKubeError):
     """The node is quarantined by another incident than the one asking to release it."""
 
 
-class TemporaryKubeError(KubeError):
+class TemporaryKubeError(KubeError, TemporaryError):
     """Worth retrying after `delay` seconds (the server's Retry-After when it sent one)."""
 
     def __init__(self, message: str, *, delay: float | None = None, status: int | None = None) -> None:
@@ -157,8 +157,11 @@ class TemporaryKubeError(KubeError):
         self.delay = delay
 
 
-class ConflictError(KubeError):
-    """409: the object changed since it was read, or one of that name already exists."""
+class ConflictError(KubeError, TemporaryError):
+    """409: the object changed since it was read, or one of that name already exists (read it again
+    and decide again: temporary, no delay)."""
+
+    delay = None
 
     def __init__(self, message: str) -> None:
         super().__init__(message, status=409)
@@ -968,6 +971,14 @@ class KubeOps:
         if already_by:
             log.info("node %s is already quarantined by incident %s (asked by %s)", node, already_by, incident_id)
         return QuarantineResult(node, changed, already_by, seen.get("incident"))
+
+    async def annotate_node(self, node: str, name: str, value: str | None) -> None:
+        """Set (or, with None, remove) one annotation of a node, leaving the rest alone (a merge patch:
+        no read first, so it is one round trip; the circuit breaker's claims are written this way)."""
+        _check_names(node=node)
+        what = _What("patch", NODES, name=node)
+        patch = {"metadata": {"annotations": {name: value}}}
+        await self._request(what, self.core.patch_node, node, patch, _content_type=MERGE_PATCH)
 
     async def release_node(self, node: str, *, incident_id: str | None = None) -> bool:
         """Undo exactly what `quarantine_node` did: our taint, label and annotations go, the condition

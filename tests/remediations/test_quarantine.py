@@ -282,3 +282,20 @@ REASONS = {
 @pytest.mark.parametrize(("fault", "reason"), list(REASONS.items()), ids=[f.value for f in REASONS])
 async def test_condition_reasons_are_camel_case(fault: FaultClass, reason: str) -> None:
     assert fault_reason(fault) == reason
+
+
+@pytest.mark.parametrize("other", [{}, {"team.example/owner": "infra"}])
+async def test_a_breaker_claim_is_written_and_withdrawn_leaving_other_annotations(
+    kube: KubeEmulator, cluster: Cluster, ops: KubeOps, other: dict[str, str]
+) -> None:
+    from remediations.policy import CLAIM_ANNOTATION, format_claim, parse_claim
+
+    await cluster.add_node("gpu-1", gpus=8)
+    if other:
+        await ops.annotate_node("gpu-1", *next(iter(other.items())))
+    await ops.annotate_node("gpu-1", CLAIM_ANNOTATION, format_claim(1000.5, "inc-1"))
+    ann = _node(kube)["metadata"]["annotations"]
+    assert parse_claim(ann[CLAIM_ANNOTATION]) == (1000.5, "inc-1")
+    await ops.annotate_node("gpu-1", CLAIM_ANNOTATION, None)
+    assert CLAIM_ANNOTATION not in (_node(kube)["metadata"].get("annotations") or {})
+    assert {k: v for k, v in (_node(kube)["metadata"].get("annotations") or {}).items()} == other
