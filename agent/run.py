@@ -36,6 +36,7 @@ from agent.bus.base import Bus
 from agent.bus.memory import MemoryBus
 from agent.config import Role, Settings
 from agent.jobindex import JobIndex
+from agent.looplag import LoopLagMonitor
 from agent.telemetry import Telemetry
 
 log = logging.getLogger("trainmedic.run")
@@ -60,6 +61,7 @@ class Agent:
     responder: Any = None  # agent.responder.Responder when remediation is on (brain / all roles)
     api_app: Any = None  # the FastAPI app when the API is on (its `state.server` once it listens)
     notifier: Any = None  # agent.notify.Notifier when notify.sinks are configured (with the responder)
+    lag: LoopLagMonitor | None = None  # trainmedic_event_loop_lag_seconds, in every role
     stop: asyncio.Event = field(default_factory=asyncio.Event)
     started: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -121,6 +123,9 @@ def build_agent(
     telemetry = telemetry or Telemetry()
     agent = Agent(settings=settings, role=role, bus=bus or make_bus(settings, telemetry), telemetry=telemetry)
     producer = f"{role.value}/{settings.node_name}"
+    # Every role shares one loop between its parts: how late it runs is measured in each.
+    lag = agent.lag = LoopLagMonitor(telemetry)
+    agent.components["looplag"] = lambda: lag.run(agent.stop)
     node_sources = role in (Role.NODE, Role.ALL)
     cluster_sources = role in (Role.CLUSTER, Role.ALL)
 
@@ -164,6 +169,7 @@ def build_agent(
             clock=clock,
         )
         brain = agent.brain
+        telemetry.refreshers.append(brain.report)
         agent.components["brain"] = lambda: brain.run(agent.stop)
         if settings.remediate.enabled and settings.kubernetes.enabled:
             _add_responder(agent, api_client, producer, clock)
