@@ -136,6 +136,14 @@ class RemediateSettings(_Group):
         description="Checkpoint paths as jobs declare them -> where this agent mounts them (prefix map).",
     )
     wait_gone_s: float = Field(120.0, gt=0, description="How long a deleted workload may take to disappear.")
+    max_concurrent: int = Field(
+        16, ge=1, le=1024, description="Incidents of different jobs handled at once (each job's stay serial)."
+    )
+    max_pending: int = Field(
+        200,
+        ge=1,
+        description="Diagnoses waiting for a turn; past it the oldest are handled observe-only, with a note why.",
+    )
 
 
 SINK_KINDS = ("cloudevents", "alertmanager", "feishu", "dingtalk", "wecom", "slack")

@@ -239,6 +239,8 @@ def _add_responder(agent: Agent, api_client: Any, producer: str, clock: Callable
             stacks=r.stacks,
             checkpoint_path_map=dict(r.checkpoint_path_map),
             wait_gone_s=r.wait_gone_s,
+            max_concurrent=r.max_concurrent,
+            max_pending=r.max_pending,
         ),
         telemetry=agent.telemetry,
         kernel_tail=brain.kernel_tail if brain is not None else None,
@@ -248,6 +250,7 @@ def _add_responder(agent: Agent, api_client: Any, producer: str, clock: Callable
         notifier=_add_notifier(agent, store, clock),
     )
     agent.responder = responder
+    agent.telemetry.refreshers.append(responder.report)
     agent.components["responder"] = lambda: responder.run(agent.stop)
 
 

@@ -255,13 +255,19 @@ class Harness:
 
 
 def harness(
-    tmp: Path, pol: Policy, kube: FakeKube | None = None, *, clock: Callable[[], float] | None = None, **settings: Any
+    tmp: Path,
+    pol: Policy,
+    kube: FakeKube | None = None,
+    *,
+    clock: Callable[[], float] | None = None,
+    bus: MemoryBus | None = None,
+    **settings: Any,
 ) -> Harness:
     kube = kube or FakeKube()
     store = IncidentStore(tmp / "incidents.db")
     state = MemoryPolicyState()
     responder = Responder(
-        MemoryBus(),
+        bus or MemoryBus(),
         kube,  # type: ignore[arg-type]
         store,
         pol,
