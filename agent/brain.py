@@ -34,8 +34,10 @@ and downstream steps de-duplicate on it.
 Nothing lost: an input record is committed once the work it caused is durable. A record that
 produced no finding is done at once; one that produced findings is held by its window until the
 final diagnosis is published, so a brain that dies mid-window leaves those offsets uncommitted and
-the next owner replays them. Malformed, oversized or unknown-schema messages go to the DLQ. Events
-seen twice (a replay, or a kernel line fanned out to one job twice) are skipped by (id, key).
+the next owner replays them (on a bus that outlives the process: over the in-process bus of
+`--role all` nothing could replay them, and nothing is held). Malformed, oversized or
+unknown-schema messages go to the DLQ. Events seen twice (a replay, or a kernel line fanned out
+to one job twice) are skipped by (id, key).
 """
 
 from __future__ import annotations
@@ -209,9 +211,11 @@ class Brain:
         self.metric_rules = metric_rules if metric_rules is not None else MetricRules()
         self.windows: dict[str, _Window] = {}
         self.tracker = OffsetTracker()
-        # Event (id, key) hashes read lately (a replay or a fan-out read twice is skipped): a ring of
-        # `dedup_size`; a hash is an int, not the two strings.
-        self._seen: OrderedDict[int, None] = OrderedDict()
+        # Event (id, key) hashes read lately (a replay or a fan-out read twice is skipped): two
+        # generations of `dedup_size` / 2 each (the newer fills, then replaces the older), so the
+        # newest `dedup_size` / 2 at least are always remembered; a hash is an int, not two strings.
+        self._seen: set[int] = set()
+        self._seen_old: set[int] = set()
         self._job_pods_running: dict[str, dict[str, bool]] = {}
         self._assignment: set[TopicPartition] = set()
         self.ready = asyncio.Event()
@@ -301,12 +305,12 @@ class Brain:
         self.telemetry.events_in.labels(record.topic).inc()
         self._last_seen[event.key] = self.clock()
         seen_key = hash((event.id, event.key))
-        if seen_key in self._seen:
+        if seen_key in self._seen or seen_key in self._seen_old:
             self.tracker.done(record)
             return
-        self._seen[seen_key] = None
-        if len(self._seen) > self.settings.dedup_size:
-            self._seen.popitem(last=False)
+        self._seen.add(seen_key)
+        if len(self._seen) >= max(1, self.settings.dedup_size // 2):
+            self._seen_old, self._seen = self._seen, set()
         try:
             findings = self.detect(event)
         except Exception:  # a bug in one detector must not stop the pipeline; the event is set aside
@@ -557,7 +561,11 @@ class Brain:
             )
         w.last_added = now
         if record is not None:
-            w.held.setdefault(record.tp, []).append(record.offset)
+            if self.bus.replays:
+                w.held.setdefault(record.tp, []).append(record.offset)
+            else:
+                # Nothing would replay it after a crash (an in-process bus): not held.
+                self.tracker.done(record)
         if event.id not in w.evidence:
             w.evidence.append(event.id)
         for f in findings:
@@ -686,7 +694,7 @@ class Brain:
             "brain_windows": len(self.windows),
             "brain_keys": len(self._last_seen),
             "brain_jobs_ended": len(self._ended),
-            "brain_dedup": len(self._seen),
+            "brain_dedup": len(self._seen) + len(self._seen_old),
             "brain_jobs_running": len(self._job_pods_running),
             "brain_terminations": sum(len(v) for v in self._terminations.values()),
             "brain_error_lines_jobs": len(self.error_lines),

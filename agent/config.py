@@ -117,6 +117,12 @@ class DetectSettings(_Group):
     tick_s: float = Field(
         1.0, gt=0, le=60, description="How often closed windows are published and silent jobs checked for a hang."
     )
+    job_grace_s: float = Field(
+        120.0, gt=0, description="What the brain keeps about a job is let go this long after the job ended."
+    )
+    idle_s: float = Field(
+        21_600.0, gt=0, description="What the brain keeps about a job (or node) with no event for this long is let go."
+    )
 
 
 class RemediateSettings(_Group):

@@ -29,7 +29,7 @@ class LoopLagMonitor:
         interval_s: float = 0.25,
         warn_s: float = 1.0,
         warn_every_s: float = 60.0,
-        keep: int = 4096,
+        keep: int = 16384,
     ) -> None:
         self.telemetry = telemetry
         self.interval_s = interval_s
@@ -37,6 +37,7 @@ class LoopLagMonitor:
         self.warn_every_s = warn_every_s
         # The newest samples (seconds), for the soak benchmark's percentiles and for tests.
         self.samples: deque[float] = deque(maxlen=keep)
+        self.taken = 0  # samples measured so far
         self.over = 0  # samples over warn_s since the last warning
         self._last_warning: float | None = None
 
@@ -44,6 +45,7 @@ class LoopLagMonitor:
         """One measured lag (seconds) at loop time `now`."""
         lag = max(0.0, lag)
         self.samples.append(lag)
+        self.taken += 1
         self.telemetry.loop_lag.observe(lag)
         self.telemetry.loop_lag_last.set(lag)
         if lag <= self.warn_s:

@@ -74,6 +74,8 @@ def make_bus(settings: Settings, telemetry: Telemetry) -> Bus:
             max_backlog=b.memory_max_records,
             max_backlog_bytes=b.memory_max_bytes,
             telemetry=telemetry,
+            # In one process a crash takes the bus with it: nothing read is held for a replay.
+            replays=False,
         )
     from agent.bus.kafka import KafkaBus
 
@@ -160,7 +162,13 @@ def build_agent(
         d = settings.detect
         agent.brain = Brain(
             agent.bus,
-            settings=BrainSettings(group=settings.bus.group, window_s=d.window_s, tick_s=d.tick_s),
+            settings=BrainSettings(
+                group=settings.bus.group,
+                window_s=d.window_s,
+                tick_s=d.tick_s,
+                job_grace_s=d.job_grace_s,
+                idle_s=d.idle_s,
+            ),
             rule_dirs=d.rule_dirs,
             fast={"auto": None, "fast": True, "re": False}[d.engine],
             hang=HangDetector(floor_s=d.hang_floor_s, factor=d.hang_factor),

@@ -6,8 +6,9 @@ The agent is built exactly as `trainmedic run --role all` builds it (agent/run.p
 the memory bus, the brain, the loop-lag monitor; no Kubernetes API, so no watcher and no
 responder), and a paced publisher in the same process feeds its bus as the watchers would:
 
-* 100-line batches of healthy training logs (step progress) of the jobs alive, `--lines-per-s`
-  lines a second;
+* 100-line batches of healthy training logs of the jobs alive (one step-progress line in ten, the
+  rest a trainer's usual chatter), `--lines-per-s` lines a second, encoded as the node's tailer
+  would send them (the publisher's own cost is kept small: it shares the process and the loop);
 * `--faults-per-s` new job names a second: each starts Running, logs one fault line (an NCCL
   watchdog timeout) in its first batch, is reported Failed (workload and pod) `--fail-after-s`
   later and deleted `--delete-after-s` after that, as a real cluster reports them.
@@ -46,7 +47,7 @@ if str(ROOT) not in sys.path:
 
 from agent.config import Role, Settings  # noqa: E402
 from agent.run import build_agent, run_agent  # noqa: E402
-from trainmedic.events import JobRef, LogBatch, PodStatus, Topic, WorkloadStatus, make_event  # noqa: E402
+from trainmedic.events import SCHEMA_VERSION, JobRef, PodStatus, Topic, WorkloadStatus, make_event  # noqa: E402
 
 FAULT = (
     "[rank0]:[E1206 18:44:12.755262105 ProcessGroupNCCL.cpp:607] [Rank 0] Watchdog caught collective operation "
@@ -91,7 +92,14 @@ class Publisher:
         self.ending: list[tuple[float, str, JobRef]] = []  # (when, what, job)
         self.jobs = 0
         self.lines = 0
-        self.healthy = [f"[rank0]: step {{step}} loss 2.{i:03d} lr 3.0e-4 grad_norm 0.9{i}" for i in range(BATCH)]
+        self.healthy = [
+            f"[rank0]: step {{step}} loss 2.{i:03d} lr 3.0e-4 grad_norm 0.9{i} tokens/s 41{i:03d}"
+            if i % 10 == 0
+            else f"[rank0]:[I1206 18:44:{i % 60:02d}.{i:06d} dataloader.py:{100 + i}] prefetch shard {{step}}-{i} "
+            f"queue={i % 7} mem_alloc_gb=61.{i:02d} throughput=41{i:03d} tokens/s"
+            for i in range(BATCH)
+        ]
+        self._seq = 0
 
     def _pod(self, job: JobRef, phase: str, *, deleted: bool = False, exit_code: int | None = None) -> PodStatus:
         containers: list[dict[str, object]] = []
@@ -116,16 +124,27 @@ class Publisher:
         lines = [t.format(step=step + i // 10) for i, t in enumerate(self.healthy)]
         if fault:
             lines[-1] = FAULT
-        batch = LogBatch(
-            node=f"gpu-node-{hash(job.name) % 125:03d}",
-            namespace=job.namespace,
-            pod=f"{job.name}-worker-0",
-            container="trainer",
-            job=job,
-            rank=0,
-            lines=lines,
-        )
-        await self._send(Topic.LOGS, batch)
+        # The envelope a tailer publishes (trainmedic.events.Event), built as plain JSON.
+        self._seq += 1
+        key = job.key
+        event = {
+            "v": SCHEMA_VERSION,
+            "id": f"soak{self._seq:028x}",
+            "time": time.time(),
+            "producer": "soak",
+            "key": key,
+            "payload": {
+                "kind": "log_batch",
+                "node": f"gpu-node-{hash(job.name) % 125:03d}",
+                "namespace": job.namespace,
+                "pod": f"{job.name}-worker-0",
+                "container": "trainer",
+                "job": {"namespace": job.namespace, "name": job.name},
+                "rank": 0,
+                "lines": lines,
+            },
+        }
+        await self.bus.publish_raw(Topic.LOGS.value, key, json.dumps(event).encode())
         self.lines += len(lines)
 
     async def run(self, seconds: float) -> None:
@@ -182,6 +201,7 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="tm-soak-") as tmp:
         settings = Settings.model_validate(
             {
+                "detect": {"job_grace_s": args.job_grace_s},
                 "log_format": "text",
                 "log_level": "WARNING",
                 "kubernetes": {"enabled": False},
@@ -205,9 +225,14 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
         types0: Counter[str] | None = None
         lines_at_warmup = 0
         lag_at_warmup = 0
+        t_warm = float(args.warmup_s)
+
+        def lines_read() -> int:
+            value = agent.telemetry.registry.get_sample_value("trainmedic_lines_in_total", {"source": "container_log"})
+            return int(value or 0)
 
         async def sample() -> None:
-            nonlocal snap, types0, lines_at_warmup, lag_at_warmup
+            nonlocal snap, types0, lines_at_warmup, lag_at_warmup, t_warm
             warm = False
             while True:
                 await asyncio.sleep(args.sample_s)
@@ -215,21 +240,22 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
                 samples.append((t, rss_mb()))
                 if not warm and t >= args.warmup_s:
                     warm = True
-                    lines_at_warmup = int(agent.telemetry.lines_in.labels("container_log")._value.get())
-                    lag_at_warmup = len(agent.lag.samples) if agent.lag else 0
                     if args.tracemalloc:
                         gc.collect()
                         snap = tracemalloc.take_snapshot()
                         types0 = _types()
+                    lines_at_warmup = lines_read()
+                    lag_at_warmup = agent.lag.taken if agent.lag else 0
+                    t_warm = time.monotonic() - t0
 
         sampler = asyncio.create_task(sample())
         seconds = args.minutes * 60
         await pub.run(seconds)
         sampler.cancel()
-        lines_in = int(agent.telemetry.lines_in.labels("container_log")._value.get())
+        lines_in = lines_read()
         backlog = sum(s["records"] for s in agent.bus.stats().values()) if hasattr(agent.bus, "stats") else 0
         state = brain.state_sizes() if hasattr(brain, "state_sizes") else {}
-        lags = list(agent.lag.samples)[lag_at_warmup:] if agent.lag else []
+        lags = list(agent.lag.samples)[-(agent.lag.taken - lag_at_warmup) :] if agent.lag else []
         if args.tracemalloc and snap is not None and types0 is not None:
             gc.collect()
             end = tracemalloc.take_snapshot()
@@ -243,7 +269,7 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
         agent.stop.set()
         await asyncio.wait_for(runner, 60)
         measured = [p for p in samples if p[0] >= args.warmup_s]
-        elapsed = max(1e-9, seconds - args.warmup_s)
+        elapsed = max(1e-9, seconds - t_warm)
         return {
             "soak_minutes": args.minutes,
             "soak_target_lines_per_s": args.lines_per_s,
@@ -273,6 +299,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--fail-after-s", type=float, default=40.0)
     p.add_argument("--delete-after-s", type=float, default=20.0)
     p.add_argument("--warmup-s", type=float, default=300.0)
+    p.add_argument("--job-grace-s", type=float, default=120.0, help="detect.job_grace_s of the agent")
     p.add_argument("--sample-s", type=float, default=5.0)
     p.add_argument("--tracemalloc", action="store_true")
     p.add_argument("--results", type=Path, default=None, help="merge the figures into this JSON file")

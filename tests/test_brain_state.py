@@ -162,8 +162,8 @@ async def test_a_job_whose_end_is_never_seen_goes_after_idle_s(idle_s: float) ->
     await task
 
 
-@pytest.mark.parametrize(("dedup_size", "events"), [(10, 25), (100, 30)])
-async def test_the_dedup_ring_is_capped(dedup_size: int, events: int) -> None:
+@pytest.mark.parametrize(("dedup_size", "events", "held"), [(10, 25, 5), (10, 27, 7), (10, 4, 4), (100, 30, 30)])
+async def test_the_dedup_ring_is_capped(dedup_size: int, events: int, held: int) -> None:
     bus = MemoryBus(partitions=1)
     brain = _brain(bus, dedup_size=dedup_size)
     task, stop = await _start(brain)
@@ -172,7 +172,7 @@ async def test_the_dedup_ring_is_capped(dedup_size: int, events: int) -> None:
     for s in range(events):
         await cluster.send(Topic.LOGS, _logs(job, 0, [f"[rank0]: step {s} loss 2.0"]))
     await asyncio.sleep(2)
-    assert brain.state_sizes()["brain_dedup"] == min(dedup_size, events)
+    assert brain.state_sizes()["brain_dedup"] == held
     stop.set()
     await task
 
@@ -200,3 +200,26 @@ async def test_every_kind_of_state_is_on_metrics(kind: str) -> None:
     telemetry.refreshers.append(brain.report)
     text = telemetry.exposition().decode()
     assert f'trainmedic_state_entries{{kind="{kind}"}}' in text
+
+
+@pytest.mark.parametrize(("replays", "held_while_open"), [(True, True), (False, False)])
+async def test_a_window_holds_its_records_only_where_a_replay_could_use_them(
+    replays: bool, held_while_open: bool
+) -> None:
+    """Over a broker a window holds its records' commit (a crash replays them); over the in-process
+    bus of `--role all` (replays=False) it does not, and the bus lets them go at once."""
+    bus = MemoryBus(partitions=1, replays=replays)
+    brain = _brain(bus)
+    task, stop = await _start(brain)
+    cluster = Cluster(bus, brain.clock)
+    job = JobRef(namespace="train", name="held")
+    await cluster.send(Topic.LOGS, _logs(job, 0, [WATCHDOG]))
+    await cluster.send(Topic.LOGS, _logs(job, 0, ["[rank0]: step 1 loss 2.0"]))
+    await asyncio.sleep(5)
+    assert brain.state_sizes()["brain_windows"] == 1
+    assert (bus.stats()[Topic.LOGS.value]["records"] == 2) is held_while_open
+    assert (brain.state_sizes()["brain_offsets_open"] == 1) is held_while_open
+    await asyncio.sleep(60)
+    assert bus.stats()[Topic.LOGS.value]["records"] == 0
+    stop.set()
+    await task
