@@ -70,7 +70,12 @@ class MemoryBus(Bus):
         orphan_records: int = 10_000,
         orphan_bytes: int = 16 << 20,
         telemetry: Telemetry | None = None,
+        replays: bool = True,
     ) -> None:
+        # replays=False (the embedded `--role all` bus): readers commit what they have read at once
+        # rather than hold it for a replay no crash could use (the bus goes with the process), so
+        # the bus holds only what is not read yet. Tests model a broker with replays=True.
+        self.replays = replays
         self.partitions = partitions
         self.max_backlog = max_backlog
         self.max_backlog_bytes = max_backlog_bytes

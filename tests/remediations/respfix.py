@@ -320,6 +320,7 @@ def harness(
     clock: Callable[[], float] | None = None,
     stack_source: Any = None,
     crash_journal: tuple[str, str] | None = None,
+    bus: MemoryBus | None = None,
     **settings: Any,
 ) -> Harness:
     kube = kube or FakeKube()
@@ -327,7 +328,7 @@ def harness(
     store.crash_at = crash_journal
     state = MemoryPolicyState()
     responder = Responder(
-        MemoryBus(),
+        bus or MemoryBus(),
         kube,  # type: ignore[arg-type]
         store,
         pol,
