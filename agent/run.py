@@ -35,6 +35,7 @@ from agent.brain import Brain, BrainSettings
 from agent.bus.base import Bus
 from agent.bus.memory import MemoryBus
 from agent.config import Role, Settings
+from agent.health import readiness
 from agent.jobindex import JobIndex
 from agent.telemetry import Telemetry
 
@@ -291,23 +292,13 @@ def _add_api(agent: Agent, producer: str) -> None:
             await agent.bus.publish(api.topic_of(event), event)
         await agent.bus.flush()
 
-    def ready() -> tuple[bool, dict[str, Any]]:
-        waiting = []
-        if not agent.started.is_set():
-            waiting.append("the agent is starting")
-        if agent.stop.is_set():
-            waiting.append("the agent is stopping")
-        if agent.brain is not None and not agent.brain.ready.is_set():
-            waiting.append("the brain has not joined its consumer group yet")
-        responder = agent.responder
-        if responder is not None and hasattr(responder, "ready") and not responder.ready.is_set():
-            waiting.append("the responder has not started yet")
-        return not waiting, {
-            "role": agent.role.value,
-            "components": sorted(agent.components),
-            "disabled": dict(agent.disabled),
-            "waiting": waiting,
-        }
+    ready = readiness(agent)
+    # The trainmedic_ready gauge is current at every scrape, probed or not.
+
+    def refresh_ready() -> None:
+        ready()
+
+    agent.telemetry.refreshers.append(refresh_ready)
 
     render = None
     if store is not None:

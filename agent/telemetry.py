@@ -86,6 +86,11 @@ class Telemetry:
         self.bus_backpressure = Counter(
             "trainmedic_bus_backpressure", "In-process bus: publishes that waited for room", ["topic"], registry=r
         )
+        self.ready = Gauge(
+            "trainmedic_ready",
+            "1 when the agent is ready (as /readyz answers), 0 while a required dependency is down",
+            registry=r,
+        )
         self.outbox_depth = Gauge(
             "trainmedic_outbox_depth", "Notifications waiting in the outbox (pending) by sink", ["sink"], registry=r
         )

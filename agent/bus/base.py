@@ -80,6 +80,11 @@ class Bus(abc.ABC):
 
     name: str = "bus"
 
+    @property
+    def connected(self) -> bool:
+        """Whether the bus can deliver now (a broker bus: the broker acknowledges); readiness reads it."""
+        return True
+
     @abc.abstractmethod
     async def start(self) -> None: ...
 
