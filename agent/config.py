@@ -136,6 +136,12 @@ class RemediateSettings(_Group):
         description="Checkpoint paths as jobs declare them -> where this agent mounts them (prefix map).",
     )
     wait_gone_s: float = Field(120.0, gt=0, description="How long a deleted workload may take to disappear.")
+    node_conditions: bool | None = Field(
+        None,
+        description="A node-level fault becomes a Node condition and an Event on the Node "
+        "(node-problem-detector style), cleared when the node is released. null: when the mode acts "
+        "(approve, enforce); true: in every mode; false: never.",
+    )
 
 
 SINK_KINDS = ("cloudevents", "alertmanager", "feishu", "dingtalk", "wecom", "slack")

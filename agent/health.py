@@ -4,8 +4,9 @@ Two callers, one list of checks:
 
 - `/readyz` (agent/run.py wires `readiness(agent)` into the API): 503 with the reasons while a
   required dependency is down. Required: the Kafka broker answering (bus.kind=kafka) and, for a
-  role that has sources (node, cluster, all), at least one source running: an agent that watches
-  nothing must not look ready. `trainmedic_ready` (a gauge, 1 or 0) follows the same answer at
+  role that has sources (node, cluster, all), at least one source running (a watcher, or the API's
+  Alertmanager receiver where it can take alerts): an agent that watches nothing must not look
+  ready. `trainmedic_ready` (a gauge, 1 or 0) follows the same answer at
   every check, so an alert needs no probe.
 - `trainmedic run --check` (`preflight`): every source and capability of the role with on / off
   and the reason, the brokers reached over TCP, and the checkpoint directories the responder
@@ -91,8 +92,15 @@ def tcp_reachable(host: str, port: int, timeout: float = 3.0) -> str | None:
         return e.strerror or type(e).__name__
 
 
-def sources_running(components: Sequence[str]) -> list[str]:
-    return sorted(SOURCES.intersection(components))
+def sources_running(components: Sequence[str], settings: Settings | None = None) -> list[str]:
+    """The inputs among `components`; the API counts as one where its Alertmanager receiver can take
+    alerts (a token is configured, or unauthenticated calls are allowed on purpose)."""
+    found = set(SOURCES.intersection(components))
+    if settings is not None and "api" in components:
+        a = settings.api
+        if a.token is not None or a.token_env or a.token_file or a.allow_unauthenticated:
+            found.add("api")
+    return sorted(found)
 
 
 def not_ready_reasons(agent: Agent) -> list[tuple[str, str]]:
@@ -108,7 +116,7 @@ def not_ready_reasons(agent: Agent) -> list[tuple[str, str]]:
         reasons.append(
             (f"the Kafka broker {bootstrap} is unreachable", f"Kafka 服务 {bootstrap} 无法连接"),
         )
-    if agent.role in ROLE_HAS_SOURCES and not sources_running(list(agent.components)):
+    if agent.role in ROLE_HAS_SOURCES and not sources_running(list(agent.components), agent.settings):
         reasons.append(
             (
                 "every source is off (see `disabled`): the agent watches nothing",
@@ -154,7 +162,7 @@ def preflight(settings: Settings, role: Role, *, agent: Agent | None = None, tim
             checks.append(Check(name, "off", f"off: {en}: {why}", f"已关闭：{zh}：{why}"))
         else:
             checks.append(Check(name, "ok", f"on: {en}", f"已开启：{zh}"))
-    if role in ROLE_HAS_SOURCES and not sources_running(list(agent.components)):
+    if role in ROLE_HAS_SOURCES and not sources_running(list(agent.components), settings):
         checks.append(
             Check(
                 "sources",

@@ -393,7 +393,11 @@ def _add_node_sources(agent: Agent, producer: str) -> None:
             agent.components["container-logs"] = tailer.run
         else:
             agent.disabled["container-logs"] = f"{root} is not a directory on this host"
-    if s.kernel.source != "off":
+    else:
+        agent.disabled["container-logs"] = "logs.enabled is false"
+    if s.kernel.source == "off":
+        agent.disabled["kernel"] = "kernel.source is off"
+    else:
         from agent.watchers import kernel
 
         common: dict[str, Any] = {
@@ -415,7 +419,9 @@ def _add_node_sources(agent: Agent, producer: str) -> None:
             agent.components["kernel"] = kernel.JournaldSource(**common).run
         else:
             agent.disabled["kernel"] = "kernel.source is journald but journalctl is not installed"
-    if s.metrics.nvml:
+    if not s.metrics.nvml:
+        agent.disabled["nvml"] = "metrics.nvml is false"
+    else:
         from agent.watchers.nvml import NvmlSource, SourceUnavailable
 
         try:
