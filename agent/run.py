@@ -234,6 +234,7 @@ def _add_responder(agent: Agent, api_client: Any, producer: str, clock: Callable
             stacks=r.stacks,
             checkpoint_path_map=dict(r.checkpoint_path_map),
             wait_gone_s=r.wait_gone_s,
+            node_conditions=r.node_conditions,
         ),
         telemetry=agent.telemetry,
         kernel_tail=brain.kernel_tail if brain is not None else None,

@@ -53,9 +53,9 @@ WORKLOAD_KINDS = {"Deployment", "DaemonSet", "StatefulSet"}
 READ_VERBS = {"get", "list", "watch"}
 VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
 
-# The only things trainmedic creates or deletes: the exec sessions of stack dumps, and the training
-# workloads a restart from checkpoint replaces (remediations/kube.py WORKLOADS).
-CREATE_ALLOWED = {("", "pods/exec")} | {(r.group, r.plural) for r in kube_mod.WORKLOADS.values()}
+# The only things trainmedic creates or deletes: the exec sessions of stack dumps, the training
+# workloads a restart from checkpoint replaces (remediations/kube.py WORKLOADS), and Events on a Node.
+CREATE_ALLOWED = {("", "pods/exec"), ("", "events")} | {(r.group, r.plural) for r in kube_mod.WORKLOADS.values()}
 DELETE_ALLOWED = {(r.group, r.plural) for r in kube_mod.WORKLOADS.values()}
 
 Doc = dict[str, Any]
@@ -500,6 +500,11 @@ def test_brain_rights_are_exactly_what_the_responder_uses() -> None:
     needed: set[Grant] = set()
     for verb, group, resource, namespaced in kubeops_calls():
         needed.add(("namespace" if namespaced else "cluster", group, resource, verb))
+    # Events on a Node (node-problem-detector style) live in `default`, not a training namespace:
+    # granted with the node rights.
+    assert "NODE_EVENT_NAMESPACE, body" in Path(kube_mod.__file__).read_text(encoding="utf-8")
+    needed.discard(("namespace", "", "events", "create"))
+    needed.add(("cluster", "", "events", "create"))
     # Stack dumps: remediations/stacks.py opens the exec WebSocket (a GET; authorized as `get`, and
     # from Kubernetes 1.35 also as `create`).
     stacks = (ROOT / "remediations" / "stacks.py").read_text(encoding="utf-8")

@@ -218,14 +218,9 @@ def test_cluster_role_is_exactly_what_the_pod_calls() -> None:
             needed.add((group, resource, verb))
     # Events on a Node live in the `default` namespace, which a kustomization cannot grant a Role in:
     # the node-problem-detector style Event is created through the ClusterRole.
-    node_events = (
-        "create",
-        "",
-        "events",
-        True,
-    ) in kubeops_calls() and "create_namespaced_event" in Path(kube_mod.__file__).read_text(encoding="utf-8")
-    if node_events:
-        needed.add(("", "events", "create"))
+    assert ("create", "", "events", True) in kubeops_calls()
+    assert "NODE_EVENT_NAMESPACE, body" in Path(kube_mod.__file__).read_text(encoding="utf-8")
+    needed.add(("", "events", "create"))
     granted = rules_grants(one(ALL_IN_ONE, "ClusterRole")["rules"])
     assert granted == needed
     assert not {g for g in granted if g[1] in ("secrets", "pods/exec") or "*" in g}
