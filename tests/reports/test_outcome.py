@@ -59,8 +59,10 @@ def _incident(
     return store
 
 
-QUARANTINE_DONE = ("quarantine_node", (ActionState.DONE, {"node": "gpu-2", "result": {"node": "gpu-2"}}))
-RESTART_DONE = (
+Action = tuple[str, tuple[ActionState, dict[str, Any]]]
+
+QUARANTINE_DONE: Action = ("quarantine_node", (ActionState.DONE, {"node": "gpu-2", "result": {"node": "gpu-2"}}))
+RESTART_DONE: Action = (
     "restart_from_checkpoint",
     (
         ActionState.DONE,
