@@ -157,6 +157,12 @@ class RemediateSettings(_Group):
         ge=1,
         description="Diagnoses waiting for a turn; past it the oldest are handled observe-only, with a note why.",
     )
+    node_conditions: bool | None = Field(
+        None,
+        description="A node-level fault becomes a Node condition and an Event on the Node "
+        "(node-problem-detector style), cleared when the node is released. null: when the mode acts "
+        "(approve, enforce); true: in every mode; false: never.",
+    )
 
 
 SINK_KINDS = ("cloudevents", "alertmanager", "feishu", "dingtalk", "wecom", "slack")

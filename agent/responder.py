@@ -72,13 +72,13 @@ from remediations.errors import (
     TemporaryActionError,
     classify,
 )
-from remediations.kube import KubeError, KubeOps, PermanentKubeError
+from remediations.kube import KubeError, KubeOps, PermanentKubeError, problem_condition
 from remediations.policy import ActionName, Mode, Plan, Policy, PolicyContext
 from remediations.policy_state import PolicyState
 from remediations.scene import SceneInputs, SceneSettings, save_scene
 from remediations.stacks import ExecResult, StackSource, exec_in_pod
 from trainmedic.events import DiagnosisEvent, IncidentEvent, JobRef, Topic, make_event
-from trainmedic.models import I18nText, RootCause
+from trainmedic.models import FaultClass, I18nText, RootCause
 
 if TYPE_CHECKING:
     from agent.notify import Notifier
@@ -98,6 +98,10 @@ _UNSAFE_NAME = re.compile(r"[^A-Za-z0-9._-]")
 _RESTARTS = frozenset({ActionName.RESTART_FROM_CHECKPOINT, ActionName.RAISE_MEMORY_LIMIT})
 
 MetricsRange = Callable[[str, float, float, float], Awaitable[Mapping[str, list[tuple[float, float]]]]]
+
+
+# Faults of the node itself (its accelerator or the node): a Node condition and Event in act mode.
+NODE_LEVEL_FAULTS = frozenset({FaultClass.DEVICE_ERROR.value, FaultClass.NODE_FAILURE.value})
 
 
 @dataclass
@@ -128,6 +132,9 @@ class ResponderSettings:
     # Between writing a node's circuit-breaker claim and reading the pool's claims back: longer than
     # a write takes to land and than the brains' clocks differ (remediations/actions/quarantine_node.py).
     breaker_settle_s: float = 2.0
+    # A node-level fault as a Node condition and an Event on the Node (node-problem-detector style):
+    # None when the mode acts (approve, enforce); True in every mode; False never.
+    node_conditions: bool | None = None
     # An action that failed temporarily is tried again after this long.
     retry_after_s: float = 10.0
     poll_ms: int = 100
@@ -547,10 +554,38 @@ class Responder:
             ", ".join(a.name.value for a in plan.actions) or "nothing",
             status.value,
         )
+        await self._mark_node(incident, rc, plan)
         if status is not IncidentStatus.ACTING:
             self._finish(incident)
         await self._publish(incident, rc, hints=plan.hints)
         return incident
+
+    async def _mark_node(self, incident: Incident, rc: RootCause, plan: Plan) -> None:
+        """A node-level fault becomes the node's Trainmedic*Problem condition and an Event on it, where
+        the settings say so. Best effort: the incident goes on when the API refuses (logged, noted)."""
+        wanted = self.settings.node_conditions
+        if wanted is None:
+            wanted = plan.mode in (Mode.APPROVE, Mode.ENFORCE)
+        node_level = rc.fault_class.value in NODE_LEVEL_FAULTS or any(
+            a.name is ActionName.QUARANTINE_NODE for a in plan.actions
+        )
+        if not (wanted and node_level and rc.node):
+            return
+        where = f" ({rc.device})" if rc.device else ""
+        message = I18nText(
+            en=f"{rc.summary.en}{where}",
+            zh=f"{rc.summary.zh}{where}",
+        )
+        try:
+            written = await self.kube.report_node_problem(
+                rc.node, incident_id=incident.id, fault_class=rc.fault_class, message=message
+            )
+        except KubeError as e:
+            log.warning("incident %s: node %s condition and event not written: %s", incident.id, rc.node, e)
+            self.store.note(incident.id, "node_condition_failed", {"node": rc.node, "error": str(e)})
+            return
+        if written:
+            self.store.note(incident.id, "node_condition", {"node": rc.node, "type": problem_condition(rc.fault_class)})
 
     @staticmethod
     def _status_for(plan: Plan) -> IncidentStatus:

@@ -35,6 +35,7 @@ from agent.brain import Brain, BrainSettings
 from agent.bus.base import Bus
 from agent.bus.memory import MemoryBus
 from agent.config import Role, Settings
+from agent.health import readiness
 from agent.jobindex import JobIndex
 from agent.looplag import LoopLagMonitor
 from agent.telemetry import Telemetry
@@ -250,6 +251,7 @@ def _add_responder(agent: Agent, api_client: Any, producer: str, clock: Callable
             breaker_settle_s=r.breaker_settle_s,
             max_concurrent=r.max_concurrent,
             max_pending=r.max_pending,
+            node_conditions=r.node_conditions,
         ),
         telemetry=agent.telemetry,
         kernel_tail=brain.kernel_tail if brain is not None else None,
@@ -309,23 +311,13 @@ def _add_api(agent: Agent, producer: str) -> None:
             await agent.bus.publish(api.topic_of(event), event)
         await agent.bus.flush()
 
-    def ready() -> tuple[bool, dict[str, Any]]:
-        waiting = []
-        if not agent.started.is_set():
-            waiting.append("the agent is starting")
-        if agent.stop.is_set():
-            waiting.append("the agent is stopping")
-        if agent.brain is not None and not agent.brain.ready.is_set():
-            waiting.append("the brain has not joined its consumer group yet")
-        responder = agent.responder
-        if responder is not None and hasattr(responder, "ready") and not responder.ready.is_set():
-            waiting.append("the responder has not started yet")
-        return not waiting, {
-            "role": agent.role.value,
-            "components": sorted(agent.components),
-            "disabled": dict(agent.disabled),
-            "waiting": waiting,
-        }
+    ready = readiness(agent)
+    # The trainmedic_ready gauge is current at every scrape, probed or not.
+
+    def refresh_ready() -> None:
+        ready()
+
+    agent.telemetry.refreshers.append(refresh_ready)
 
     render = None
     if store is not None:
@@ -420,7 +412,11 @@ def _add_node_sources(agent: Agent, producer: str) -> None:
             agent.components["container-logs"] = tailer.run
         else:
             agent.disabled["container-logs"] = f"{root} is not a directory on this host"
-    if s.kernel.source != "off":
+    else:
+        agent.disabled["container-logs"] = "logs.enabled is false"
+    if s.kernel.source == "off":
+        agent.disabled["kernel"] = "kernel.source is off"
+    else:
         from agent.watchers import kernel
 
         common: dict[str, Any] = {
@@ -442,7 +438,9 @@ def _add_node_sources(agent: Agent, producer: str) -> None:
             agent.components["kernel"] = kernel.JournaldSource(**common).run
         else:
             agent.disabled["kernel"] = "kernel.source is journald but journalctl is not installed"
-    if s.metrics.nvml:
+    if not s.metrics.nvml:
+        agent.disabled["nvml"] = "metrics.nvml is false"
+    else:
         from agent.watchers.nvml import NvmlSource, SourceUnavailable
 
         try:

@@ -105,6 +105,11 @@ class Telemetry:
             "Incidents the responder handled observe-only because it was over its bounds",
             registry=r,
         )
+        self.ready = Gauge(
+            "trainmedic_ready",
+            "1 when the agent is ready (as /readyz answers), 0 while a required dependency is down",
+            registry=r,
+        )
         self.outbox_depth = Gauge(
             "trainmedic_outbox_depth", "Notifications waiting in the outbox (pending) by sink", ["sink"], registry=r
         )

@@ -84,6 +84,11 @@ class Bus(abc.ABC):
     # crash. An in-process bus dies with its readers.
     replays: bool = True
 
+    @property
+    def connected(self) -> bool:
+        """Whether the bus can deliver now (a broker bus: the broker acknowledges); readiness reads it."""
+        return True
+
     @abc.abstractmethod
     async def start(self) -> None: ...
 

@@ -83,6 +83,8 @@ class FakeKube:
     claims_written: int = 0
     # An error the API (or a layer under it) answers the next delete with, once.
     fail_delete: Exception | None = None
+    # Node problems reported (node-problem-detector style): (node, fault class, incident).
+    problems: list[tuple[str, str, str]] = field(default_factory=list)
     # Where the agent dies once: before_delete, after_delete, before_create, after_create.
     crash_at: str | None = None
     api: Any = None
@@ -132,6 +134,16 @@ class FakeKube:
             n["spec"]["unschedulable"] = True
             self.quarantines.append(name)
         return QuarantineResult(name, changed, None, incident_id)
+
+    async def report_node_problem(self, node: str, *, incident_id: str, fault_class: Any, message: I18nText) -> bool:
+        await self._rtt()
+        if node not in self.nodes:
+            return False
+        entry = (node, str(fault_class), incident_id)
+        if entry in self.problems:
+            return False
+        self.problems.append(entry)
+        return True
 
     async def quarantined_nodes(self) -> list[dict[str, Any]]:
         await self._rtt()

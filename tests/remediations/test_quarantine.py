@@ -153,7 +153,7 @@ async def test_release_undoes_exactly_what_quarantine_did(
     conds = _conditions(node)
     ours = conds.pop(CONDITION_TYPE)
     assert (ours["status"], ours["reason"]) == ("False", "Released")
-    assert ours["message"] == "released by trainmedic (incident inc-1)"
+    assert ours["message"] == "released by trainmedic (incident inc-1) / 已由 trainmedic 解除隔离"
     assert conds == {c["type"]: c for c in before["status"]["conditions"]}
 
     assert await ops.release_node("gpu-1") is False  # nothing left to release
