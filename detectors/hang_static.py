@@ -63,8 +63,16 @@ def line_time(line: str) -> float | None:
     return value
 
 
+# The fewest lines that can show a cadence of steps and a silence after it.
+MIN_LINES = 3
+
+
 def silence_findings(lines: Iterable[str], *, file: str, settings: HangSettings | None = None) -> list[Finding]:
     """The `hang` finding of one log whose steps stopped long before its last timestamp (or none)."""
+    it = iter(lines)
+    first = list(islice(it, BATCH_LINES))
+    if len(first) < MIN_LINES:
+        return []  # two steps and a silence after them take three lines: the markers are not loaded
     det = HangDetector(settings=settings or STATIC_SETTINGS)
     matcher = det.markers.matcher
     job = f"file:{file}"
@@ -72,8 +80,8 @@ def silence_findings(lines: Iterable[str], *, file: str, settings: HangSettings 
     end: float | None = None
     last_step_no: int | None = None
     line_no = 0
-    it = iter(lines)
-    while batch := list(islice(it, BATCH_LINES)):
+    batch = first
+    while batch:
         batch = [ln.rstrip("\r\n") for ln in batch]
         seen: set[int] = set()
         for index, _piece, hits in matcher.hits(batch):
@@ -96,6 +104,7 @@ def silence_findings(lines: Iterable[str], *, file: str, settings: HangSettings 
                 end = t if end is None else max(end, t)
                 break
         line_no += len(batch)
+        batch = list(islice(it, BATCH_LINES))
     if not started or end is None:
         return []
     out: list[Finding] = []
