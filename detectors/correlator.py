@@ -22,6 +22,7 @@ The reasoning, in order:
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from detectors import waitgraph
@@ -32,6 +33,7 @@ from trainmedic.models import (
     FaultClass,
     Finding,
     I18nText,
+    Place,
     RootCause,
 )
 
@@ -97,10 +99,14 @@ def correlate(
     lines_scanned: int = 0,
     ranks_seen: Iterable[int] = (),
     rank_nodes: Mapping[int, str] | None = None,
+    rank_devices: Mapping[int, str] | None = None,
+    ip_places: Mapping[str, str] | None = None,
 ) -> Diagnosis:
     """Reduce the findings of one job (or one `diagnose` run) to a diagnosis. `ranks_seen`: every
     rank whose log was read (a scene bundle, a directory of per-rank logs), so that a hang can name
-    the rank that is missing from the timeouts; `rank_nodes`: the node each rank's log came from."""
+    the rank that is missing from the timeouts; `rank_nodes`: the node each rank's log came from;
+    `rank_devices`: the device each rank ran on and `ip_places`: what an IP is ("rank 3" or a
+    node), where the collected layout says them (detectors/layout.py)."""
     enriched = [enrich(f) for f in findings]
     _explain_consequences(enriched)
     weights = [weight(f, e) for f, e in enriched]
@@ -110,7 +116,7 @@ def correlate(
     root_finding, root_entry = enriched[best]
     root = _root_cause(root_finding, root_entry, [f for f, _ in enriched])
     _localise_origin(root, [f for f, _ in enriched])
-    places = dict(rank_nodes or {})
+    places = Places(dict(rank_nodes or {}), dict(rank_devices or {}), dict(ip_places or {}))
     if root.fault_class is FaultClass.HANG:
         _localise_stalled(root, [f for f, _ in enriched], set(ranks_seen), places)
     if root.fault_class in COMM_CLASSES:
@@ -174,9 +180,18 @@ def _localise_origin(root: RootCause, findings: list[Finding]) -> None:
 COMM_CLASSES = frozenset({FaultClass.COMM_INIT, FaultClass.COMM_ERROR, FaultClass.HANG, FaultClass.PROCESS_KILLED})
 
 
-def _follow_waits(root: RootCause, findings: list[Finding], places: Mapping[int, str]) -> None:
+@dataclass(frozen=True, slots=True)
+class Places:
+    """What the collected layout says about ranks and IPs (detectors/layout.py)."""
+
+    nodes: dict[int, str] = field(default_factory=dict)
+    devices: dict[int, str] = field(default_factory=dict)
+    ips: dict[str, str] = field(default_factory=dict)
+
+
+def _follow_waits(root: RootCause, findings: list[Finding], places: Places) -> None:
     """Name the place the others waited on (detectors/waitgraph.py), or list the candidates."""
-    graph = waitgraph.build(findings)
+    graph = waitgraph.build(findings, places.ips)
     if not graph.edges:
         return
     roots, decided = graph.roots()
@@ -186,7 +201,8 @@ def _follow_waits(root: RootCause, findings: list[Finding], places: Mapping[int,
         if place.startswith("rank ") and place[5:].isdigit():
             _move_to_rank(root, int(place[5:]), findings, places)
         elif place != root.node:
-            root.node, root.device = place, None
+            root.node, root.device, root.rank = place, None, None
+        root.chain_places = [_where_is(p, findings, places) for p in root.chain]
         arrow = " -> ".join(root.chain)
         root.summary = I18nText(
             en=f"{root.summary.en} Wait chain: {arrow}; {place} waited on nobody.",
@@ -194,7 +210,13 @@ def _follow_waits(root: RootCause, findings: list[Finding], places: Mapping[int,
         )
     elif roots:
         root.candidates = roots
+        root.candidate_places = [_where_is(p, findings, places) for p in roots]
         root.rank = None
+        # A node or device is named only when every candidate shares it.
+        cand_nodes = {c.node for c in root.candidate_places}
+        cand_devices = {(c.node, c.device) for c in root.candidate_places}
+        root.node = cand_nodes.pop() if len(cand_nodes) == 1 else None
+        root.device = cand_devices.pop()[1] if len(cand_devices) == 1 else None
         listed = ", ".join(roots)
         root.summary = I18nText(
             en=f"{root.summary.en} The waits do not single out one place; candidates: {listed}.",
@@ -202,21 +224,34 @@ def _follow_waits(root: RootCause, findings: list[Finding], places: Mapping[int,
         )
 
 
-def _move_to_rank(root: RootCause, rank: int, findings: list[Finding], places: Mapping[int, str]) -> None:
+def _where_is(place: str, findings: list[Finding], places: Places) -> Place:
+    """A wait-graph place ("rank 3", a node, an unresolved IP) with its node, device and rank."""
+    if place.startswith("rank ") and place[5:].isdigit():
+        rank = int(place[5:])
+        node, device = _rank_home(rank, findings, places)
+        return Place(place=place, node=node, device=device, rank=rank)
+    return Place(place=place, node=place)
+
+
+def _rank_home(rank: int, findings: list[Finding], places: Places) -> tuple[str | None, str | None]:
+    """The node and device of a rank: from the findings that carry both, else the layout's."""
+    nodes = {f.node for f in findings if f.rank == rank and f.node}
+    devices = {f.device for f in findings if f.rank == rank and f.device}
+    node = nodes.pop() if len(nodes) == 1 else places.nodes.get(rank)
+    device = devices.pop() if len(devices) == 1 else places.devices.get(rank)
+    return node, device
+
+
+def _move_to_rank(root: RootCause, rank: int, findings: list[Finding], places: Places) -> None:
     """The root is another rank than the finding that reported it: its node and device are that
-    rank's own (from the findings that carry both), not the reporter's."""
+    rank's own (from the findings that carry both, else the layout's), not the reporter's."""
     if root.rank == rank:
         return
     root.rank = rank
-    nodes = {f.node for f in findings if f.rank == rank and f.node}
-    devices = {f.device for f in findings if f.rank == rank and f.device}
-    root.node = nodes.pop() if len(nodes) == 1 else places.get(rank)
-    root.device = devices.pop() if len(devices) == 1 else None
+    root.node, root.device = _rank_home(rank, findings, places)
 
 
-def _localise_stalled(
-    root: RootCause, findings: list[Finding], ranks_seen: set[int], places: Mapping[int, str]
-) -> None:
+def _localise_stalled(root: RootCause, findings: list[Finding], ranks_seen: set[int], places: Places) -> None:
     """Ranks that wait on a collective report a timeout; the rank that stalled does not. When every
     rank whose log was read reports one but a single rank, that rank is where to look."""
     waiting = {f.rank for f in findings if f.fault_class is FaultClass.HANG and f.rank is not None}

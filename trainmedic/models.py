@@ -129,7 +129,8 @@ class Finding(BaseModel):
     consequence_of: str | None = None
 
     def contract_dict(self) -> dict[str, object]:
-        """The finding as DESIGN.md's `diagnose --format json` shape (plus `file` and `count`)."""
+        """The finding as DESIGN.md's `diagnose --format json` shape (plus `file` and `count`, and
+        `node`, `device`, `rank` where the logs or their layout say them, else null)."""
         return {
             "rule_id": self.rule_id,
             "fault_class": self.fault_class.value,
@@ -140,7 +141,32 @@ class Finding(BaseModel):
             "text": self.text,
             "file": self.file,
             "count": self.count,
+            "node": self.node,
+            "device": self.device,
+            "rank": self.rank,
         }
+
+
+class Place(BaseModel):
+    """A place of a wait chain or a candidate: what the wait graph calls it ("rank 3", a node, an
+    IP it could not resolve) and its node, device and rank where the logs say them."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    place: str
+    node: str | None = None
+    device: str | None = None
+    rank: int | None = None
+
+    def contract_dict(self) -> dict[str, object]:
+        return {"place": self.place, "node": self.node, "device": self.device, "rank": self.rank}
+
+    def label(self) -> str:
+        """`rank 2 (worker-2 device 2)`: the place and where it is."""
+        where = [p for p in (self.node if self.node != self.place else None, self.device) if p]
+        if self.device is not None:
+            where[-1] = f"device {self.device}"
+        return f"{self.place} ({' '.join(where)})" if where else self.place
 
 
 class RootCause(BaseModel):
@@ -168,6 +194,9 @@ class RootCause(BaseModel):
     # or, when the wait graph cannot decide, the places it could be (nothing is picked then).
     chain: list[str] = Field(default_factory=list)
     candidates: list[str] = Field(default_factory=list)
+    # The same places with their node, device and rank (the chain's first, then the candidates').
+    chain_places: list[Place] = Field(default_factory=list)
+    candidate_places: list[Place] = Field(default_factory=list)
 
     def contract_dict(self, lang: str = "en") -> dict[str, object]:
         return {
@@ -183,6 +212,8 @@ class RootCause(BaseModel):
             "hint": self.hint.get(lang) if self.hint else None,
             "chain": list(self.chain),
             "candidates": list(self.candidates),
+            "chain_places": [p.contract_dict() for p in self.chain_places],
+            "candidate_places": [p.contract_dict() for p in self.candidate_places],
         }
 
 
