@@ -117,10 +117,13 @@ def correlate(
     root = _root_cause(root_finding, root_entry, [f for f, _ in enriched])
     _localise_origin(root, [f for f, _ in enriched])
     places = Places(dict(rank_nodes or {}), dict(rank_devices or {}), dict(ip_places or {}))
+    reported = (root.node, root.device, root.rank)
     if root.fault_class is FaultClass.HANG:
         _localise_stalled(root, [f for f, _ in enriched], set(ranks_seen), places)
     if root.fault_class in COMM_CLASSES:
         _follow_waits(root, [f for f, _ in enriched], places)
+    if (root.node, root.device, root.rank) != reported:
+        _replace_where(root, reported)
     for i, (f, _) in enumerate(enriched):
         if i != best and f.consequence_of is None and f.fault_class in SYMPTOM_CLASSES and weights[i] < weights[best]:
             f.consequence_of = root.code
@@ -317,6 +320,20 @@ def _root_cause(root: Finding, entry: udal.CatalogEntry | None, findings: list[F
         occurrences=sum(f.count for f in same),
         ranks=ranks,
         nodes=nodes,
+    )
+
+
+def _replace_where(root: RootCause, reported: tuple[str | None, str | None, int | None]) -> None:
+    """The summary names where the root is, not where the finding that reported it was."""
+    node, device, rank = reported
+    ranks = root.ranks if rank is None else []
+    old_en, old_zh = _where(node, device, rank, ranks)
+    if not old_en:
+        return
+    shown = [] if root.rank is not None or root.candidates else root.ranks
+    new_en, new_zh = _where(root.node, root.device, root.rank, shown)
+    root.summary = I18nText(
+        en=root.summary.en.replace(old_en, new_en, 1), zh=root.summary.zh.replace(old_zh, new_zh, 1)
     )
 
 

@@ -113,6 +113,8 @@ def attribute(
         f_rank = f.rank if f.rank is not None else rank
         if f_rank is None:
             f_rank = layout.rank_of(f_node, f_device)
+        if f_rank is None and f_device is not None and ":" in f_device:
+            f_rank = layout.rank_of_bus(f_node, f_device)
         if f_rank is not None and (f_device is None or f_node is None):
             known = layout.ranks.get(f_rank)
             if known is not None and (f_node is None or known.node == f_node):

@@ -69,6 +69,7 @@ _NCCL_COMM = re.compile(
 _NCCL_BOOTSTRAP = re.compile(
     rb"([A-Za-z0-9][A-Za-z0-9._-]*):\d+:\d+ \[\d{1,3}\] NCCL INFO Bootstrap : Using [^:\s]+:(\d{1,3}(?:\.\d{1,3}){3})<"
 )
+_IPV4 = re.compile(r"^\d{1,3}(?:\.\d{1,3}){3}$")
 # Files read for what they say about the layout (besides their names): bounded.
 MAX_LAYOUT_BYTES = 8 << 20
 
@@ -197,6 +198,17 @@ class Layout:
             devices = [d for d in server.get("device") or [] if isinstance(d, dict)]
             host = str(server.get("server_id") or server.get("host_ip") or server.get("server_ip") or "") or None
             where = self._server_node(host, server, devices)
+            # The server's own (host) addresses: peers that name a host, not a device, are this node,
+            # and its rank when it runs only one.
+            ranks = [str(d.get("rank_id", "")) for d in devices]
+            only = int(ranks[0]) if len(ranks) == 1 and ranks[0].isdigit() else None
+            only_dev = str(devices[0].get("device_id", "")) if len(devices) == 1 else ""
+            for key in ("server_id", "host_ip", "server_ip"):
+                addr = str(server.get(key) or "")
+                if _IPV4.match(addr):
+                    self.ips.setdefault(
+                        addr, Place(node=where, device=only_dev if only_dev.isdigit() else None, rank=only, ip=addr)
+                    )
             for dev in devices:
                 rank_s, dev_id, ip = (str(dev.get(k, "")) for k in ("rank_id", "device_id", "device_ip"))
                 rank = int(rank_s) if rank_s.isdigit() else None
@@ -242,6 +254,14 @@ class Layout:
         found = [r for r, p in self.ranks.items() if p.device == device and p.node == node]
         return found[0] if len(found) == 1 else None
 
+    def rank_of_bus(self, node: str | None, pci: str) -> int | None:
+        """The rank whose GPU sits at `pci` (`0000:3b:00`, as localize normalises it) on `node`, where
+        NCCL INFO lines gave each rank's bus id."""
+        devices = {d for (n, d), bus in self.bus_id.items() if n == node and _nccl_bus(bus) == pci}
+        if len(devices) != 1:
+            return None
+        return self.rank_of(node, devices.pop())
+
     def node_of(self, host: str | None) -> str | None:
         """The node folder a host name of the logs stands for."""
         if host is None:
@@ -260,6 +280,13 @@ class Layout:
             elif place.node is not None:
                 out[ip] = place.node
         return out
+
+
+def _nccl_bus(bus: str) -> str:
+    """NCCL's busId (the PCI address's hex digits run together, `3b000`: domain, bus, device,
+    function) as `0000:3b:00`."""
+    digits = bus.lower().rjust(9, "0")
+    return f"{digits[-9:-5]}:{digits[-5:-3]}:{digits[-3:-1]}"
 
 
 def _read(name: str) -> bytes | None:

@@ -161,12 +161,18 @@ class Place(BaseModel):
     def contract_dict(self) -> dict[str, object]:
         return {"place": self.place, "node": self.node, "device": self.device, "rank": self.rank}
 
-    def label(self) -> str:
-        """`rank 2 (worker-2 device 2)`: the place and where it is."""
-        where = [p for p in (self.node if self.node != self.place else None, self.device) if p]
-        if self.device is not None:
-            where[-1] = f"device {self.device}"
-        return f"{self.place} ({' '.join(where)})" if where else self.place
+    def label(self, lang: str = "en") -> str:
+        """`rank 2 (worker-2, device 2)`: the place and where it is (zh: `rank 2（worker-2，设备 2）`)."""
+        parts = where_words(self.node if self.node != self.place else None, self.device, None, lang)
+        if not parts:
+            return self.place
+        return f"{self.place}（{'，'.join(parts)}）" if lang == "zh" else f"{self.place} ({', '.join(parts)})"
+
+
+def where_words(node: str | None, device: str | None, rank: int | None, lang: str = "en") -> list[str]:
+    """`node X`, `device D`, `rank R` (zh: 节点、设备), for what is known."""
+    words = ("节点", "设备", "rank") if lang == "zh" else ("node", "device", "rank")
+    return [f"{w} {v}" for w, v in zip(words, (node, device, rank), strict=True) if v is not None]
 
 
 class RootCause(BaseModel):
