@@ -18,7 +18,7 @@ from typing import BinaryIO
 from detectors.correlator import correlate
 from detectors.engine import Engine
 from detectors.hang_static import silence_findings_in
-from detectors.layout import Layout, Place, place_of
+from detectors.layout import Layout, Place, place_of, read_head
 from detectors.loader import load_rules
 from trainmedic.errors import InputError
 from trainmedic.models import Diagnosis, Finding, Source
@@ -227,17 +227,22 @@ def diagnose_inputs(inputs: Sequence[LogInput], engine: Engine) -> Diagnosis:
     findings: list[Finding] = []
     lines = 0
     cache: dict[str, list[bytes]] = {}
+    # What the texts say about the layout (NCCL INFO lines, tool outputs), each with its known node.
+    layout = Layout([], None)
     for item in inputs:
         if item.text is not None:
             found = engine.scan_text(item.text, file=item.name)
             lines += item.text.count(b"\n") + 1
+            layout.learn(item.node, item.name, item.text)
         elif item.path is not None and (item.first_line > 1 or item.last_line is not None):
             data = _section(item.path, item.first_line, item.last_line, cache)
             found = engine.scan_text(data, file=item.name)
             lines += data.count(b"\n") + 1
+            layout.learn(item.node, item.name, data)
         elif item.path is not None:
             found, n = next(scan_inputs(engine, [item.path]))
             lines += n
+            layout.learn(item.node, item.name, read_head(item.path))
         else:
             continue
         wanted = _SOURCE_GROUPS.get(item.source, frozenset({item.source})) if item.source else None
@@ -257,5 +262,10 @@ def diagnose_inputs(inputs: Sequence[LogInput], engine: Engine) -> Diagnosis:
             if item.source is not None:
                 update["source"] = item.source
             findings.append(f.model_copy(update=update))
+    layout.finish()
+    for i, f in enumerate(findings):
+        rank = layout.rank_of(f.node, f.device) if f.rank is None else None
+        if rank is not None:
+            findings[i] = f.model_copy(update={"rank": rank})
     ranks = {item.rank: item.node for item in inputs if item.rank is not None}
-    return correlate(findings, lines_scanned=lines, ranks_seen=ranks, rank_nodes=known_nodes(ranks))
+    return correlate_placed(findings, lines, ranks, [layout])

@@ -123,31 +123,44 @@ class Layout:
         self.hosts: dict[str, str] = {}
         self.nodes: set[str] = set()
         given = dict(blobs)
-        tables: list[tuple[str | None, bytes]] = []
+        self._tables: list[tuple[str | None, bytes]] = []
         for name in names:
             path = Path(name)
             node, _ = place_of(name, root)
-            if node is not None:
-                self.nodes.add(node)
             m = _DEVICE_LOG.match(path.name)
             d = _DEVICE_DIR.match(path.parent.name)
             if m and d:
+                if node is not None:
+                    self.nodes.add(node)
                 self.pid_device.setdefault((node, m.group(1)), d.group(1))
                 continue
             if _PLOG.match(path.name):
+                if node is not None:
+                    self.nodes.add(node)
                 continue
             data = given.get(name)
-            if data is None:
-                data = _read(name)
-            if not data:
-                continue
-            if path.suffix == ".json" and b"server_list" in data:
-                tables.append((node, data))
-                continue
-            self._learn_tools(name, node, data)
-            self._learn_nccl(node, data)
-        for node, data in tables:
+            self.learn(node, name, read_head(name) if data is None else data)
+        self.finish()
+
+    def learn(self, node: str | None, name: str, data: bytes | None) -> None:
+        """What one file (or text) of `node` says: tool outputs, rank tables, NCCL INFO lines. Call
+        `finish` once every file is learnt."""
+        if node is not None:
+            self.nodes.add(node)
+        if not data:
+            return
+        if name.endswith(".json") and b"server_list" in data:
+            self._tables.append((node, data))
+            return
+        self._learn_tools(name, node, data)
+        self._learn_nccl(node, data)
+
+    def finish(self) -> None:
+        """Rank tables last (their servers are placed by what the tool outputs said), then the
+        devices' addresses."""
+        for node, data in self._tables:
             self._learn_rank_table(node, data)
+        self._tables = []
         for (node, device), ip in self.device_ip.items():
             self.ips.setdefault(ip, Place(node=node, device=device, rank=self.rank_of(node, device), ip=ip))
 
@@ -289,7 +302,7 @@ def _nccl_bus(bus: str) -> str:
     return f"{digits[-9:-5]}:{digits[-5:-3]}:{digits[-3:-1]}"
 
 
-def _read(name: str) -> bytes | None:
+def read_head(name: str) -> bytes | None:
     """The head of a file that may describe the layout; None for the others (not read at all)."""
     path = Path(name)
     if name == "-":
@@ -304,4 +317,4 @@ def _read(name: str) -> bytes | None:
     return head
 
 
-__all__ = ["Layout", "Place", "place_of"]
+__all__ = ["Layout", "Place", "place_of", "read_head"]
