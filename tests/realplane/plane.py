@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from servers.kubeplane import KWOK_NODE_ANNOTATION, KubePlane
+from servers.kubeplane import KubePlane
 
 from agent.bus.memory import MemoryBus
 from agent.config import Role, Settings
@@ -233,12 +233,7 @@ async def clean(plane: KubePlane) -> None:
     ops, api = admin_ops(plane)
     try:
         for n in plane.nodes:
-            plane.request(
-                "PATCH",
-                f"/api/v1/nodes/{n.name}",
-                {"metadata": {"annotations": {KWOK_NODE_ANNOTATION: "fake"}}, "spec": {"unschedulable": None}},
-                content_type="application/merge-patch+json",
-            )
+            plane.revive_node(n.name)
             await ops.release_node(n.name)
         jobs = plane.request("GET", f"/apis/batch/v1/namespaces/{TRAINING}/jobs")["items"]
         for j in jobs:

@@ -2,8 +2,8 @@
 
 etcd (Debian's `etcd-server`), kube-apiserver, kube-controller-manager and kube-scheduler built with
 `go build` from the `k8s.io/kubernetes` module pinned in tests/cluster/go.mod (tests/cluster/build.sh,
-run by `make cluster`), and KWOK playing the kubelets of six fake nodes: four with 8 `nvidia.com/gpu`
-each, two with 8 `huawei.com/Ascend910` each.
+run by `make cluster`), and KWOK (one process per node) playing the kubelets of six fake nodes: four
+with 8 `nvidia.com/gpu` each, two with 8 `huawei.com/Ascend910` each.
 
 The API server serves TLS with certificates made here (openssl), authenticates clients by
 certificate (the admin is in `system:masters`) and by service-account token (signed with a key made
@@ -44,7 +44,6 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 GO_MOD = ROOT / "tests" / "cluster" / "go.mod"
-KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 COMPONENTS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
 # The node lifecycle controller's settings under test: a node whose lease is not renewed for
 # NODE_GRACE_S is NotReady (Unknown) and tainted unreachable. Production keeps the defaults (40s+).
@@ -79,6 +78,8 @@ def in_ci() -> bool:
 
 def missing() -> list[str]:
     out = [str(bin_dir() / c) for c in COMPONENTS if not os.access(bin_dir() / c, os.X_OK)]
+    if not (bin_dir().parent / "kwok-stages.yaml").is_file():
+        out.append(str(bin_dir().parent / "kwok-stages.yaml"))
     if find_etcd() is None:
         out.append("etcd (Debian's etcd-server)")
     return out
@@ -254,7 +255,7 @@ class KubePlane:
                 "--secure-port=0",
                 "--controllers=serviceaccount-controller,serviceaccount-token-controller,job-controller,"
                 "garbage-collector-controller,node-lifecycle-controller,taint-eviction-controller,"
-                "namespace-controller,pod-garbage-collector-controller",
+                "namespace-controller,pod-garbage-collector-controller,root-ca-certificate-publisher-controller",
                 f"--service-account-private-key-file={self.pki / 'sa.key'}",
                 f"--root-ca-file={self.pki / 'ca.crt'}",
                 f"--node-monitor-period={NODE_MONITOR_PERIOD_S}s",
@@ -277,20 +278,9 @@ class KubePlane:
                 "--v=1",
             ],
         )
-        self._proc(
-            "kwok",
-            [
-                str(self.bin / "kwok"),
-                f"--kubeconfig={self.kubeconfig}",
-                "--manage-all-nodes=false",
-                f"--manage-nodes-with-annotation-selector={KWOK_NODE_ANNOTATION}=fake",
-                f"--node-lease-duration-seconds={NODE_LEASE_S}",
-                "--cidr=10.244.0.0/16",
-                "--node-ip=10.0.0.1",
-            ],
-        )
         for n in self.nodes:
             self.add_node(n)
+            self.start_kwok(n.name)
         self._wait("the fake nodes Ready", lambda: all(self.node_ready(n.name) for n in self.nodes), timeout)
         self._wait(
             "the default ServiceAccount",
@@ -298,8 +288,37 @@ class KubePlane:
             timeout,
         )
 
+    def start_kwok(self, node: str) -> None:
+        """KWOK playing the kubelet of one node: its lease, status and pods' lifecycle. One process
+        per node, so that one node can be lost (`lose_node`) while the others go on."""
+        self._proc(
+            f"kwok-{node}",
+            [
+                str(self.bin / "kwok"),
+                f"--kubeconfig={self.kubeconfig}",
+                f"--config={self.bin.parent / 'kwok-stages.yaml'}",
+                f"--manage-single-node={node}",
+                f"--node-lease-duration-seconds={NODE_LEASE_S}",
+                "--cidr=10.244.0.0/16",
+                # The API server reaches "kubelets" here for logs and exec: nothing listens, so it is
+                # refused at once (KWOK serves no logs without its own Logs objects).
+                "--node-ip=127.0.0.1",
+                f"--node-port={free_port()}",
+            ],
+        )
+
+    def lose_node(self, name: str) -> None:
+        """The node's kubelet goes silent (KWOK for it stops): no more lease renewals or status."""
+        self.procs[f"kwok-{name}"].stop()
+
+    def revive_node(self, name: str) -> None:
+        """KWOK plays the node's kubelet again (it renews the lease; the node turns Ready)."""
+        if not self.procs[f"kwok-{name}"].alive():
+            self.start_kwok(name)
+
     def stop(self) -> None:
-        for name in ("kwok", "kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd"):
+        kwoks = [n for n in self.procs if n.startswith("kwok-")]
+        for name in (*kwoks, "kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd"):
             p = self.procs.get(name)
             if p is not None:
                 p.stop()
@@ -442,7 +461,7 @@ class KubePlane:
             "kind": "Node",
             "metadata": {
                 "name": n.name,
-                "annotations": {KWOK_NODE_ANNOTATION: "fake", "node.alpha.kubernetes.io/ttl": "0"},
+                "annotations": {"node.alpha.kubernetes.io/ttl": "0"},
                 "labels": {
                     "kubernetes.io/hostname": n.name,
                     "kubernetes.io/os": "linux",
@@ -461,11 +480,6 @@ class KubePlane:
     def node_ready(self, name: str) -> bool:
         conds = (self.node(name).get("status") or {}).get("conditions") or []
         return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conds)
-
-    def lose_node(self, name: str) -> None:
-        """KWOK stops playing this node's kubelet: no more lease renewals or status updates."""
-        patch = {"metadata": {"annotations": {KWOK_NODE_ANNOTATION: None}}}
-        self.request("PATCH", f"/api/v1/nodes/{name}", patch, content_type="application/merge-patch+json")
 
 
 def collection_path(doc: Mapping[str, Any]) -> str:
