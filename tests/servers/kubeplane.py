@@ -262,6 +262,8 @@ class KubePlane:
                 f"--node-monitor-grace-period={NODE_GRACE_S}s",
                 "--node-startup-grace-period=20s",
                 "--concurrent-job-syncs=10",
+                "--kube-api-qps=200",
+                "--kube-api-burst=400",
                 "--v=1",
             ],
         )
@@ -289,23 +291,53 @@ class KubePlane:
         )
 
     def start_kwok(self, node: str) -> None:
-        """KWOK playing the kubelet of one node: its lease, status and pods' lifecycle. One process
-        per node, so that one node can be lost (`lose_node`) while the others go on."""
+        """KWOK playing the kubelet of one node: its lease, status and pods' lifecycle, and the
+        kubelet API for the containers' logs (every container on the node serves `node_log(node)`).
+        One process per node, so that one node can be lost (`lose_node`) while the others go on."""
+        port = free_port()
+        log = self.node_log(node)
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.touch()
+        logs = self.dir / f"kwok-{node}.yaml"
+        logs.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "kwok.x-k8s.io/v1alpha1",
+                    "kind": "ClusterLogs",
+                    "metadata": {"name": "containers"},
+                    "spec": {"logs": [{"logsFile": str(log), "follow": True}]},
+                }
+            )
+        )
         self._proc(
             f"kwok-{node}",
             [
                 str(self.bin / "kwok"),
                 f"--kubeconfig={self.kubeconfig}",
                 f"--config={self.bin.parent / 'kwok-stages.yaml'}",
+                f"--config={logs}",
                 f"--manage-single-node={node}",
                 f"--node-lease-duration-seconds={NODE_LEASE_S}",
                 "--cidr=10.244.0.0/16",
-                # The API server reaches "kubelets" here for logs and exec: nothing listens, so it is
-                # refused at once (KWOK serves no logs without its own Logs objects).
+                # The node's kubelet endpoint is KWOK's own server (logs through the API server).
                 "--node-ip=127.0.0.1",
-                f"--node-port={free_port()}",
+                f"--node-port={port}",
+                f"--server-address=127.0.0.1:{port}",
+                f"--tls-cert-file={self.pki / 'apiserver.crt'}",
+                f"--tls-private-key-file={self.pki / 'apiserver.key'}",
             ],
         )
+
+    def node_log(self, node: str) -> Path:
+        """The log every container on `node` serves (CRI format: `write_log` appends to it)."""
+        return self.dir / "logs" / f"{node}.log"
+
+    def write_log(self, node: str, line: str, stream: str = "stdout") -> None:
+        """Append a line to the containers' log on `node`, as the container runtime writes it."""
+        now = time.time()
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1e9):09d}Z"
+        with self.node_log(node).open("a") as f:
+            f.write(f"{stamp} {stream} F {line}\n")
 
     def lose_node(self, name: str) -> None:
         """The node's kubelet goes silent (KWOK for it stops): no more lease renewals or status."""
