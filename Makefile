@@ -3,6 +3,9 @@
 #   make test    lint (ruff), types (mypy --strict), then the test suite (against real servers:
 #                Prometheus and Alertmanager from Debian, Apache Kafka from Maven Central, tansu)
 #   make kafka   Apache Kafka's jars for the bus tests, once per version (make test does it)
+#   make cluster the real Kubernetes control plane for tests/realplane (kube-apiserver,
+#                kube-controller-manager, kube-scheduler and KWOK built with Go; etcd from Debian),
+#                once per version (make test does it)
 #   make bench   throughput and latency figures as one JSON object (bench/results.json)
 
 PYTHON ?= python3
@@ -16,7 +19,14 @@ KAFKA_VERSION := $(shell sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:
 KAFKA_HOME    := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/trainmedic/kafka-$(KAFKA_VERSION)
 KAFKA_STAMP   := $(KAFKA_HOME)/lib/.pom-$(shell sha256sum $(KAFKA_POM) | cut -c1-12)
 
-.PHONY: all venv servers kafka check lint types test demo bench clean
+# The real control plane: the Kubernetes release tests/cluster/go.mod pins, built by build.sh into
+# a cache directory keyed by version (tests/servers/kubeplane.py finds it there).
+KUBE_DIR     := tests/cluster
+KUBE_VERSION := $(shell sed -n 's:^require k8s.io/kubernetes \(v[0-9.]*\)$$:\1:p' $(KUBE_DIR)/go.mod)
+KUBE_HOME    := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/trainmedic/kube-$(KUBE_VERSION)
+KUBE_STAMP   := $(KUBE_HOME)/bin/.built-$(shell cat $(KUBE_DIR)/go.mod $(KUBE_DIR)/go.sum $(KUBE_DIR)/build.sh | sha256sum | cut -c1-12)
+
+.PHONY: all venv servers kafka cluster check lint types test demo bench clean
 
 all: test
 
@@ -53,6 +63,19 @@ $(KAFKA_STAMP):
 	  || { echo "$$out"; exit 1; }
 	@rm -rf $(KAFKA_HOME)/lib && mv $(KAFKA_HOME)/lib.tmp $(KAFKA_HOME)/lib && touch $(KAFKA_STAMP)
 
+# kube-apiserver, kube-controller-manager and kube-scheduler from k8s.io/kubernetes, and KWOK, with
+# `go build` (about 20 CPU-minutes the first time); etcd is Debian's etcd-server, installed when missing.
+cluster: $(KUBE_STAMP)
+
+$(KUBE_STAMP): $(KUBE_DIR)/go.mod $(KUBE_DIR)/go.sum $(KUBE_DIR)/build.sh
+	@command -v go >/dev/null || { echo "make cluster needs Go"; exit 1; }
+	@command -v etcd >/dev/null && command -v openssl >/dev/null || { \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends etcd-server openssl >/dev/null; }
+	$(KUBE_DIR)/build.sh
+	@touch $@
+
 lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
@@ -62,7 +85,7 @@ types: venv
 
 check: lint types
 
-test: check servers kafka
+test: check servers kafka cluster
 	$(VENV)/bin/trainmedic rules test
 	$(PY) -m pytest -q
 

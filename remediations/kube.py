@@ -262,15 +262,19 @@ class _What:
     def forbidden(self, api_message: str) -> KubeForbidden:
         group = f' in apiGroup "{self.res.group}"' if self.res.group else ""
         need = f"{self.rbac_resource}: {self.verb}{group}"
-        message = (
-            f"forbidden: cannot {self.verb} {self.rbac_resource} ({self.scope}): "
-            f"the trainmedic brain's ClusterRole needs {need}"
-        )
+        # deploy/: node rules are in the brain's ClusterRole; what it does to jobs and pods is granted
+        # per training namespace by the Role of deploy/training-namespace (trainmedic-remediate).
+        if self.res.namespaced and self.namespace:
+            role = f"the Role trainmedic-remediate in namespace {self.namespace}"
+            role_zh = f"命名空间 {self.namespace} 中的 Role trainmedic-remediate"
+        else:
+            role, role_zh = "the trainmedic brain's ClusterRole", "trainmedic brain 的 ClusterRole"
+        message = f"forbidden: cannot {self.verb} {self.rbac_resource} ({self.scope}): {role} needs {need}"
         if api_message:
             message += f" (API: {api_message})"
         hint = I18nText(
-            en=f"Grant the trainmedic brain's ClusterRole the rule {need}, then retry.",
-            zh=f"请为 trainmedic brain 的 ClusterRole 添加权限规则 {need}，然后重试。",
+            en=f"Grant {role} the rule {need} (deploy/training-namespace for a training namespace), then retry.",
+            zh=f"请为{role_zh}添加权限规则 {need}（训练命名空间见 deploy/training-namespace），然后重试。",
         )
         return KubeForbidden(message, status=403, hint=hint)
 

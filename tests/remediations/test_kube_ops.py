@@ -484,19 +484,21 @@ FORBIDDEN = [
         _delete_pytorchjob,
         ("delete", PYTORCH_JOBS, None),
         "forbidden: cannot delete pytorchjobs (namespace train): "
-        'the trainmedic brain\'s ClusterRole needs pytorchjobs: delete in apiGroup "kubeflow.org"',
+        'the Role trainmedic-remediate in namespace train needs pytorchjobs: delete in apiGroup "kubeflow.org"',
         id="delete-pytorchjobs",
     ),
     pytest.param(
         lambda o: o.list_job_pods(NS, {"job-name": "llama"}),
         ("list", PODS, None),
-        "forbidden: cannot list pods (namespace train): the trainmedic brain's ClusterRole needs pods: list",
+        "forbidden: cannot list pods (namespace train): "
+        "the Role trainmedic-remediate in namespace train needs pods: list",
         id="list-pods",
     ),
     pytest.param(
         lambda o: o.add_pod_finalizer(NS, "p0"),
         ("update", PODS, None),
-        "forbidden: cannot patch pods (namespace train): the trainmedic brain's ClusterRole needs pods: patch",
+        "forbidden: cannot patch pods (namespace train): "
+        "the Role trainmedic-remediate in namespace train needs pods: patch",
         id="patch-pods",
     ),
 ]
@@ -516,7 +518,8 @@ async def test_forbidden_names_the_missing_rbac_rule(
     assert text.startswith(message)
     assert "(API: " in text and "is forbidden" in text  # the API's own words follow
     assert err.value.status == 403 and err.value.hint is not None
-    assert "ClusterRole" in err.value.hint.en and "ClusterRole" in err.value.hint.zh
+    role = "ClusterRole" if "cluster scope" in message else "Role trainmedic-remediate"
+    assert role in err.value.hint.en and role in err.value.hint.zh
     assert len(seen(kube, action, resource, sub)) == before + 1  # permanent: not retried
 
 

@@ -1,0 +1,45 @@
+#!/bin/sh
+# Builds the real Kubernetes control plane the realplane tests start (tests/servers/kubeplane.py):
+# kube-apiserver, kube-controller-manager and kube-scheduler from this module's pinned
+# k8s.io/kubernetes, and KWOK for the fake nodes, into a cache directory keyed by version:
+#   ${XDG_CACHE_HOME:-~/.cache}/trainmedic/kube-<version>/bin
+# Idempotent: a binary already there is not rebuilt. Prints the bin directory on success.
+set -eu
+here=$(cd "$(dirname "$0")" && pwd)
+version=$(sed -n 's/^require k8s.io\/kubernetes \(v[0-9.]*\)$/\1/p' "$here/go.mod")
+kwok_version=v0.8.0
+cache=${XDG_CACHE_HOME:-$HOME/.cache}/trainmedic/kube-$version
+bin=$cache/bin
+mkdir -p "$bin"
+cd "$here"
+# Static, no cgo, no debug info: what the Kubernetes release builds use, and faster to link.
+export CGO_ENABLED=0
+ldflags="-s -w -X k8s.io/component-base/version.gitVersion=$version -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$(echo "$version" | cut -d. -f2)"
+for cmd in kube-apiserver kube-controller-manager kube-scheduler; do
+	if [ ! -x "$bin/$cmd" ]; then
+		echo "building $cmd $version" >&2
+		go build -trimpath -ldflags "$ldflags" -o "$bin/$cmd.tmp" "k8s.io/kubernetes/cmd/$cmd"
+		mv "$bin/$cmd.tmp" "$bin/$cmd"
+	fi
+done
+if [ ! -x "$bin/kwok" ]; then
+	echo "building kwok $kwok_version" >&2
+	tmp=$(mktemp -d)
+	GOBIN=$tmp go install -trimpath -ldflags "-s -w" "sigs.k8s.io/kwok/cmd/kwok@$kwok_version"
+	mv "$tmp/kwok" "$bin/kwok"
+	rmdir "$tmp"
+fi
+# KWOK's stock stages (the ones kwokctl gives its clusters): node initialisation, the heartbeat that
+# goes with node leases, and the pod lifecycle (ready, complete, delete), from KWOK's own module.
+stages=$cache/kwok-stages.yaml
+if [ ! -s "$stages" ]; then
+	src=$(go env GOMODCACHE)/sigs.k8s.io/kwok@$kwok_version/kustomize/stage
+	[ -d "$src" ] || (cd / && go mod download "sigs.k8s.io/kwok@$kwok_version")
+	for f in node/fast/node-initialize.yaml node/heartbeat-with-lease/node-heartbeat-with-lease.yaml \
+		pod/fast/pod-ready.yaml pod/fast/pod-complete.yaml pod/fast/pod-delete.yaml; do
+		echo "---"
+		cat "$src/$f"
+	done >"$stages.tmp"
+	mv "$stages.tmp" "$stages"
+fi
+echo "$bin"

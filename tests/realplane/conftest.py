@@ -1,0 +1,42 @@
+"""The real control plane (tests/servers/kubeplane.py), started once for the whole realplane session,
+with the shipped deploy/ RBAC applied as is and a `training` namespace for the jobs."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from servers.kubeplane import KubePlane, require_plane
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY_RBAC = (
+    ROOT / "deploy" / "namespace.yaml",
+    ROOT / "deploy" / "rbac-brain.yaml",
+    ROOT / "deploy" / "rbac-cluster.yaml",
+    ROOT / "deploy" / "rbac-node.yaml",
+    ROOT / "deploy" / "training-namespace" / "role.yaml",
+)
+TRAINING = "training"
+
+
+def deploy_docs() -> list[dict[str, Any]]:
+    docs: list[dict[str, Any]] = []
+    for path in DEPLOY_RBAC:
+        docs.extend(d for d in yaml.safe_load_all(path.read_text()) if d)
+    return docs
+
+
+@pytest.fixture(scope="session")
+def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KubePlane]:
+    require_plane()
+    p = KubePlane(tmp_path_factory.mktemp("kubeplane"))
+    try:
+        p.start()
+        p.apply([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": TRAINING}}])
+        p.apply(deploy_docs())
+        yield p
+    finally:
+        p.stop()

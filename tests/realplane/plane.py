@@ -1,0 +1,278 @@
+"""What the realplane tests share: training Jobs on the real plane, the agent as it is deployed (the
+cluster role as `trainmedic-cluster`, the brain as `trainmedic-brain`, each with its own
+service-account token, over one in-memory bus), waits with deadlines, and a clean plane between tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+import urllib.error
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from servers.kubeplane import KubePlane
+
+from agent.bus.memory import MemoryBus
+from agent.config import Role, Settings
+from agent.run import Agent, build_agent, run_agent
+from agent.store import IncidentStatus, IncidentStore
+from remediations.kube import TAINT_KEY, KubeOps
+from remediations.policy import load_policy
+from trainmedic.events import JobRef, KernelBatch, Topic, make_event
+
+ROOT = Path(__file__).resolve().parents[2]
+SHIPPED_POLICY = ROOT / "remediations" / "policy.yaml"
+TRAINING = "training"
+XID79 = "NVRM: Xid (PCI:0000:3b:00): 79, pid=2876, name=python, GPU has fallen off the bus."
+RESUME_ARGS = "--resume_from_checkpoint={checkpoint}"
+GPU = "nvidia.com/gpu"
+
+
+async def until(what: str, predicate: Callable[[], Any], timeout: float = 60.0, every: float = 0.2) -> Any:
+    """Poll `predicate` (a blocking call is fine: it runs in a thread) until it is truthy."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = await asyncio.to_thread(predicate)
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        await asyncio.sleep(every)
+
+
+def write_hf_checkpoints(root: Path, complete: int) -> None:
+    done = root / f"checkpoint-{complete}"
+    done.mkdir(parents=True)
+    (done / "trainer_state.json").write_text(json.dumps({"global_step": complete}))
+    (done / "pytorch_model.bin").write_bytes(b"\x01" * 4096)
+
+
+def job_body(
+    name: str,
+    *,
+    pods: int = 2,
+    ckpt: Path | None = None,
+    resource: str = GPU,
+    finalizers: list[str] | None = None,
+) -> dict[str, Any]:
+    """An Indexed batch/v1 Job, one pod per node (each asks for all 8 accelerators of a node)."""
+    ann = {"trainmedic.io/resume-args": RESUME_ARGS}
+    if ckpt is not None:
+        ann["trainmedic.io/checkpoint-dir"] = str(ckpt)
+    meta: dict[str, Any] = {"name": name, "namespace": TRAINING, "annotations": ann}
+    if finalizers:
+        meta["finalizers"] = finalizers
+    limits = {resource: "8", "cpu": "1", "memory": "1Gi"}
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": meta,
+        "spec": {
+            "completions": pods,
+            "parallelism": pods,
+            "completionMode": "Indexed",
+            "backoffLimit": 0,
+            "template": {
+                "spec": {
+                    "restartPolicy": "Never",
+                    "terminationGracePeriodSeconds": 0,
+                    "containers": [
+                        {
+                            "name": "trainer",
+                            "image": "registry.example/train:1",
+                            "command": ["torchrun"],
+                            "resources": {"limits": limits, "requests": limits},
+                        }
+                    ],
+                }
+            },
+        },
+    }
+
+
+def get_job(plane: KubePlane, name: str) -> dict[str, Any] | None:
+    try:
+        return dict(plane.request("GET", f"/apis/batch/v1/namespaces/{TRAINING}/jobs/{name}"))
+    except urllib.error.HTTPError as e:
+        if e.code == 404:
+            return None
+        raise
+
+
+def create_job(plane: KubePlane, body: dict[str, Any]) -> dict[str, Any]:
+    return dict(plane.request("POST", f"/apis/batch/v1/namespaces/{TRAINING}/jobs", body))
+
+
+def job_pods(plane: KubePlane, job: dict[str, Any]) -> list[dict[str, Any]]:
+    uid = job["metadata"]["uid"]
+    out = plane.request(
+        "GET", f"/api/v1/namespaces/{TRAINING}/pods?labelSelector=batch.kubernetes.io/controller-uid={uid}"
+    )
+    return [p for p in out["items"] if not p["metadata"].get("deletionTimestamp")]
+
+
+def running_on(plane: KubePlane, job: dict[str, Any], n: int) -> list[str] | None:
+    """The nodes of the job's pods once n of them are Running (KWOK reports it), else None."""
+    pods = job_pods(plane, job)
+    running = [p for p in pods if (p.get("status") or {}).get("phase") == "Running"]
+    if len(running) < n:
+        return None
+    return sorted(p["spec"]["nodeName"] for p in running)
+
+
+def has_taint(plane: KubePlane, node: str, key: str) -> bool:
+    taints = (plane.node(node).get("spec") or {}).get("taints") or []
+    return any(t.get("key") == key for t in taints)
+
+
+def policy_file(tmp: Path, **changes: Any) -> Path:
+    data = yaml.safe_load(SHIPPED_POLICY.read_text())
+    for path, value in changes.items():
+        cur = data
+        keys = path.split("__")
+        for k in keys[:-1]:
+            cur = cur[k]
+        cur[keys[-1]] = value
+    out = tmp / "policy.yaml"
+    out.write_text(yaml.safe_dump(data, allow_unicode=True))
+    load_policy(out)
+    return out
+
+
+def settings(tmp: Path, role: str, *, mode: str = "enforce", wait_gone_s: float = 30.0) -> Settings:
+    return Settings.model_validate(
+        {
+            "node_name": f"{role}-0",
+            "log_format": "text",
+            "kubernetes": {"follow_pod_logs": False},
+            "logs": {"enabled": False},
+            "api": {"enabled": False},
+            "kernel": {"source": "off"},
+            "metrics": {"nvml": False},
+            "detect": {"window_s": 0.5},
+            "remediate": {
+                "mode": mode,
+                "policy": str(policy_file(tmp, circuit_breaker__max_share=0.5)),
+                "store": str(tmp / "trainmedic.db"),
+                "scene_dir": str(tmp / "scenes"),
+                "wait_gone_s": wait_gone_s,
+                "log_lines": 100,
+                "stacks": False,
+            },
+        }
+    )
+
+
+@dataclass
+class Agents:
+    """The cluster role (watchers) and the brain (rules, responder) as deployed, on one bus."""
+
+    bus: MemoryBus
+    cluster: Agent
+    brain: Agent
+    clients: list[Any]
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+    @property
+    def responder(self) -> Any:
+        return self.brain.responder
+
+    @property
+    def store(self) -> IncidentStore:
+        return IncidentStore(self.brain.settings.remediate.store)
+
+    def terminal(self) -> list[tuple[str, IncidentStatus]]:
+        return list(self.responder.handled.items())
+
+    async def stop(self) -> None:
+        for a in (self.cluster, self.brain):
+            a.stop.set()
+        for t in self.tasks:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(t, 30)
+        for c in self.clients:
+            c.close()
+
+    async def kernel_line(self, node: str, job: dict[str, Any], line: str) -> None:
+        """What the node agent on `node` publishes for a kernel message about the job's pod there."""
+        meta = job["metadata"]
+        ref = JobRef(namespace=meta["namespace"], name=meta["name"], kind="Job", api_version="batch/v1")
+        batch = KernelBatch(node=node, job=ref, source="kmsg", lines=[line], times=[time.time()])
+        await self.bus.publish(Topic.KERNEL, make_event(batch, producer=f"node/{node}"))
+
+
+async def start_agents(plane: KubePlane, tmp: Path, *, mode: str = "enforce", wait_gone_s: float = 30.0) -> Agents:
+    bus = MemoryBus(partitions=4)
+    brain_api = plane.api_client(plane.service_account_token("trainmedic", "trainmedic-brain"))
+    cluster_api = plane.api_client(plane.service_account_token("trainmedic", "trainmedic-cluster"))
+    cluster = build_agent(settings(tmp, "cluster"), Role.CLUSTER, bus=bus, api_client=cluster_api)
+    brain = build_agent(
+        settings(tmp, "brain", mode=mode, wait_gone_s=wait_gone_s), Role.BRAIN, bus=bus, api_client=brain_api
+    )
+    assert brain.responder is not None, brain.disabled
+    agents = Agents(bus, cluster, brain, [brain_api, cluster_api])
+    agents.tasks = [asyncio.create_task(run_agent(a, drain_timeout_s=10)) for a in (cluster, brain)]
+    await asyncio.wait_for(brain.responder.ready.wait(), 30)
+    return agents
+
+
+def admin_ops(plane: KubePlane) -> tuple[KubeOps, Any]:
+    api = plane.api_client()
+    return KubeOps(api), api
+
+
+async def clean(plane: KubePlane) -> None:
+    """Back to six healthy, schedulable nodes and no training jobs: KWOK plays every node again, our
+    quarantines are released, the jobs and their pods are gone."""
+    ops, api = admin_ops(plane)
+    try:
+        for n in plane.nodes:
+            plane.revive_node(n.name)
+            await ops.release_node(n.name)
+        jobs = plane.request("GET", f"/apis/batch/v1/namespaces/{TRAINING}/jobs")["items"]
+        for j in jobs:
+            name = j["metadata"]["name"]
+            if j["metadata"].get("finalizers"):
+                plane.request(
+                    "PATCH",
+                    f"/apis/batch/v1/namespaces/{TRAINING}/jobs/{name}",
+                    {"metadata": {"finalizers": None}},
+                    content_type="application/merge-patch+json",
+                )
+            with contextlib.suppress(urllib.error.HTTPError):
+                plane.request(
+                    "DELETE", f"/apis/batch/v1/namespaces/{TRAINING}/jobs/{name}", {"propagationPolicy": "Background"}
+                )
+        for p in plane.request("GET", f"/api/v1/namespaces/{TRAINING}/pods")["items"]:
+            name = p["metadata"]["name"]
+            if p["metadata"].get("finalizers"):
+                plane.request(
+                    "PATCH",
+                    f"/api/v1/namespaces/{TRAINING}/pods/{name}",
+                    {"metadata": {"finalizers": None}},
+                    content_type="application/merge-patch+json",
+                )
+            with contextlib.suppress(urllib.error.HTTPError):
+                plane.request("DELETE", f"/api/v1/namespaces/{TRAINING}/pods/{name}", {"gracePeriodSeconds": 0})
+
+        def settled() -> bool:
+            pods = plane.request("GET", f"/api/v1/namespaces/{TRAINING}/pods")["items"]
+            jobs = plane.request("GET", f"/apis/batch/v1/namespaces/{TRAINING}/jobs")["items"]
+            healthy = all(
+                plane.node_ready(n.name) and not plane.node(n.name)["spec"].get("taints") for n in plane.nodes
+            )
+            return not pods and not jobs and healthy
+
+        await until("a clean plane", settled, timeout=90)
+    finally:
+        ops.close()
+        api.close()
+
+
+__all__ = ["GPU", "TAINT_KEY", "TRAINING", "XID79", "Agents", "clean", "start_agents"]

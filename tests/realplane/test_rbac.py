@@ -1,0 +1,151 @@
+"""The shipped RBAC (deploy/, applied as is) against the real authorizer: every operation the agent
+performs is allowed to the service account that performs it, and what lies outside the roles
+(secrets, exec or deletes outside the training namespace, writes by the read-only cluster role) is
+denied, with a message that names the rule missing."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import pytest
+import pytest_asyncio
+from kubernetes import client as kclient
+from kubernetes.client.exceptions import ApiException
+from servers.kube import EventRecorder
+from servers.kubeplane import KubePlane
+
+from agent.jobindex import JobIndex
+from agent.telemetry import Telemetry
+from agent.watchers.k8s import KubeWatchers
+from remediations.kube import KubeForbidden, KubeOps
+
+from .plane import TRAINING, clean, create_job, job_body, running_on, until
+
+pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(300)]
+
+
+@pytest_asyncio.fixture
+async def brain(plane: KubePlane) -> AsyncIterator[KubeOps]:
+    """KubeOps as the brain's ServiceAccount (trainmedic/trainmedic-brain), with a job running."""
+    await clean(plane)
+    api = plane.api_client(plane.service_account_token("trainmedic", "trainmedic-brain"))
+    ops = KubeOps(api)
+    try:
+        yield ops
+    finally:
+        ops.close()
+        api.close()
+        await clean(plane)
+
+
+async def test_everything_the_brain_does_is_allowed(plane: KubePlane, brain: KubeOps) -> None:
+    job = create_job(plane, job_body("rbac", pods=1))
+    [node] = await until("the pod Running", lambda: running_on(plane, job, 1))
+    ops = brain
+    # Nodes: read, quarantine (spec, labels, annotations, the status condition), release.
+    assert await ops.get_node(node) is not None
+    assert {n["metadata"]["name"] for n in await ops.list_nodes()} >= {node}
+    await ops.quarantine_node(node, incident_id="inc-rbac", fault_class="gpu_hw", reason="rbac test")
+    assert await ops.release_node(node, incident_id="inc-rbac")
+    # Pods of the job: read, list by selector, hold with a finalizer and release, events.
+    found = await ops.get_workload("batch/v1", "Job", TRAINING, "rbac")
+    assert found is not None
+    [pod] = await ops.list_job_pods(TRAINING, {"batch.kubernetes.io/controller-uid": found["metadata"]["uid"]})
+    name = pod["metadata"]["name"]
+    assert await ops.get_pod(TRAINING, name) is not None
+    assert await ops.add_pod_finalizer(TRAINING, name)
+    assert await ops.remove_pod_finalizer(TRAINING, name)
+    await ops.list_events(TRAINING)
+    # The restart: delete this incarnation, wait for it to go, create the replacement.
+    assert await ops.delete_workload(found)
+    assert await ops.wait_gone("batch/v1", "Job", TRAINING, "rbac", uid=found["metadata"]["uid"], timeout_s=30)
+    created = await ops.create_workload(job_body("rbac", pods=1))
+    assert created["metadata"]["uid"] != found["metadata"]["uid"]
+
+
+Call = Callable[[KubeOps], Awaitable[Any]]
+
+
+@pytest.mark.parametrize(
+    ("call", "needs"),
+    [
+        (lambda ops: ops.get_workload("batch/v1", "Job", "default", "x"), "jobs: get"),
+        (
+            lambda ops: ops.delete_workload(
+                {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"namespace": "default", "name": "x"}}
+            ),
+            "jobs: delete",
+        ),
+        (
+            lambda ops: ops.create_workload(job_body("x") | {"metadata": {"name": "x", "namespace": "kube-system"}}),
+            "jobs: create",
+        ),
+        (lambda ops: ops.get_pod("kube-system", "x"), "pods: get"),
+        (lambda ops: ops.list_events("default"), "events: list"),
+    ],
+    ids=["get-job-elsewhere", "delete-job-elsewhere", "create-job-elsewhere", "get-pod-elsewhere", "events-elsewhere"],
+)
+async def test_outside_the_training_namespace_the_brain_is_denied(brain: KubeOps, call: Call, needs: str) -> None:
+    with pytest.raises(KubeForbidden) as caught:
+        await call(brain)
+    message = str(caught.value)
+    assert needs in message and "Role" in message
+
+
+async def test_secrets_and_exec_outside_the_namespace_are_denied(plane: KubePlane, brain: KubeOps) -> None:
+    token = plane.service_account_token("trainmedic", "trainmedic-brain")
+    api = plane.api_client(token)
+    try:
+        core = kclient.CoreV1Api(api)
+        for read in (
+            lambda: core.read_namespaced_secret("x", TRAINING),
+            core.list_secret_for_all_namespaces,
+            lambda: core.list_namespaced_secret("trainmedic"),
+        ):
+            with pytest.raises(ApiException) as caught:
+                await asyncio.to_thread(read)
+            assert caught.value.status == 403 and "secrets" in str(caught.value.body)
+    finally:
+        api.close()
+    result = await brain.exec("kube-system", "x", "c", ["true"], timeout_s=10)
+    assert result.status == 403 and result.exit_code is None
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda ops: ops.quarantine_node("gpu-1", incident_id="inc-x", fault_class="gpu_hw", reason="x"),
+        lambda ops: ops.get_workload("batch/v1", "Job", TRAINING, "x"),
+        lambda ops: ops.add_pod_finalizer(TRAINING, "x"),
+    ],
+    ids=["quarantine", "get-job", "hold-pod"],
+)
+async def test_the_cluster_role_only_reads(plane: KubePlane, call: Call) -> None:
+    api = plane.api_client(plane.service_account_token("trainmedic", "trainmedic-cluster"))
+    ops = KubeOps(api)
+    try:
+        with pytest.raises(KubeForbidden):
+            await call(ops)
+    finally:
+        ops.close()
+        api.close()
+
+
+async def test_the_cluster_role_watches_everything_it_needs(plane: KubePlane) -> None:
+    api = plane.api_client(plane.service_account_token("trainmedic", "trainmedic-cluster"))
+    w = KubeWatchers(api, bus=EventRecorder(), job_index=JobIndex(), telemetry=Telemetry(), producer="cluster/test")
+    task = asyncio.create_task(w.run())
+    try:
+        await asyncio.wait_for(w.ready.wait(), 30)
+        states = w.states()
+        # Volcano and Kubeflow are not installed here: missing, never forbidden.
+        assert not [n for n, s in states.items() if s == "forbidden"], states
+        assert {s for n, s in states.items() if n in ("pods", "events", "nodes", "jobs")} <= {"listing", "watching"}
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        api.close()
