@@ -32,7 +32,7 @@ BASES = {"KubeError", "WatchError", "RemediationError", "ActionBlocked"}
 
 
 def layer_errors() -> list[type[BaseException]]:
-    out = []
+    out: list[type[BaseException]] = []
     for name in LAYERS:
         module = importlib.import_module(name)
         for _, obj in inspect.getmembers(module, inspect.isclass):
