@@ -40,7 +40,7 @@ _RANK_IN_NAME = re.compile(r"(?:^|[^a-z])rank[-_]?(\d{1,5})(?:[^0-9]|$)", re.IGN
 # Folders of a collection that hold logs, not a node's (torchrun's --log-dir, CANN's layout).
 _NOT_A_NODE = re.compile(
     r"^(?:ranks?|logs?|attempt_\d+|process_log|debug|run|plog|device-\d+|stdout|stderr|tmp|\d+"
-    r"|environment_check|layout)$",
+    r"|environment_check|layout|_unscheduled)$",
     re.IGNORECASE,
 )
 _RANK_DIR_PARENT = re.compile(r"^(?:ranks?|attempt_\d+|local_?ranks?)$", re.IGNORECASE)
