@@ -276,10 +276,14 @@ class Layout:
         return self.rank_of(node, devices.pop())
 
     def node_of(self, host: str | None) -> str | None:
-        """The node folder a host name of the logs stands for."""
+        """The node folder a host name (NCCL's prefix) or a server IP (a rank table's, an HCCL line's)
+        of the logs stands for."""
         if host is None:
             return None
-        return self.hosts.get(host, host)
+        if host in self.hosts:
+            return self.hosts[host]
+        known = self.ips.get(host)
+        return known.node if known is not None and known.node is not None else host
 
     def rank_places(self) -> dict[int, Place]:
         return dict(self.ranks)

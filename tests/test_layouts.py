@@ -38,6 +38,9 @@ EXPECTED: dict[str, tuple[object, ...]] = {
     "host-2n-readonly-fs": ("storage_error", "fs_error", "node-b", None, None, []),
     # Benign host lines (link up, zero corrected errors, a conntrack notice) never become the root.
     "host-2n-benign-lines": ("accelerator_oom", "npu_oom", "node-b", "1", 3, []),
+    # Older HCCL "abnormal device" lines on every waiting rank name serverId 10.40.0.2 (a host IP of
+    # the rank table: node-b) and deviceId 1: rank 3, which printed nothing.
+    "ascend-2n-abnormal-device": ("hang", "hccl_heartbeat_lost", "node-b", "1", 3, []),
     # NCCL INFO lines map host gpu-b's GPU at bus 3b000 (cudaDev 1) to rank 3: Xid 79 names rank 3.
     "nvidia-2n-xid79": ("device_error", "xid:79", "node-b", "0000:3b:00", 3, []),
 }
