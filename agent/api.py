@@ -270,6 +270,13 @@ class IncidentList(BaseModel):
     incidents: list[IncidentOut]
 
 
+class PlaceOut(BaseModel):
+    place: str
+    node: str | None = None
+    device: str | None = None
+    rank: int | None = None
+
+
 class RootCauseOut(BaseModel):
     fault_class: str
     chip: str
@@ -284,6 +291,9 @@ class RootCauseOut(BaseModel):
     # Communication faults: the wait chain ending at the root, or the candidates when it is undecided.
     chain: list[str] = []
     candidates: list[str] = []
+    # The same places with their node, device and rank where the logs say them.
+    chain_places: list[PlaceOut] = []
+    candidate_places: list[PlaceOut] = []
 
 
 class FindingOut(BaseModel):
@@ -296,6 +306,9 @@ class FindingOut(BaseModel):
     text: str
     file: str | None = None
     count: int
+    node: str | None = None
+    device: str | None = None
+    rank: int | None = None
 
 
 class DiagnoseResult(BaseModel):

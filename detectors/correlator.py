@@ -204,7 +204,7 @@ def _follow_waits(root: RootCause, findings: list[Finding], places: Places) -> N
         if place.startswith("rank ") and place[5:].isdigit():
             _move_to_rank(root, int(place[5:]), findings, places)
         elif place != root.node:
-            root.node, root.device, root.rank = place, None, None
+            root.node, root.device = place, None
         root.chain_places = [_where_is(p, findings, places) for p in root.chain]
         arrow = " -> ".join(root.chain)
         root.summary = I18nText(

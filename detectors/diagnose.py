@@ -107,10 +107,23 @@ def attribute(
     device = layout.device_of(name, node)
     out = []
     for f in found:
-        # A host name the line names (NCCL's prefix) is the node folder it was collected in.
-        f_node = layout.node_of(f.node) if f.node is not None else node
-        f_device = f.device or device
-        f_rank = f.rank if f.rank is not None else rank
+        # A host name the line names (NCCL's prefix) is the node folder it was collected in; a server
+        # IP it names is the node the rank table or tool outputs place it on.
+        line_node = layout.node_of(f.node) if f.node is not None else None
+        # A line that names another place than its file's (HCCL's "Cluster Exception Location" naming
+        # the rank the others waited on, an abnormal device on another server) is that place's: the
+        # file's node, device and rank are the reporter's, not its.
+        foreign = (line_node is not None and node is not None and line_node != node) or (
+            f.rank is not None and rank is not None and f.rank != rank
+        )
+        if not foreign and line_node is not None and f.device is not None and rank is not None:
+            # ... or names a server and a device other than the file's rank's own (when the layout
+            # knows it): an abnormal device on this same node.
+            own = layout.ranks.get(rank)
+            foreign = own is not None and own.node == line_node and own.device not in (None, f.device)
+        f_node = line_node or (None if foreign else node)
+        f_device = f.device or (None if foreign else device)
+        f_rank = f.rank if f.rank is not None else (None if foreign else rank)
         if f_rank is None:
             f_rank = layout.rank_of(f_node, f_device)
         if f_rank is None and f_device is not None and ":" in f_device:

@@ -40,7 +40,7 @@ _RANK_IN_NAME = re.compile(r"(?:^|[^a-z])rank[-_]?(\d{1,5})(?:[^0-9]|$)", re.IGN
 # Folders of a collection that hold logs, not a node's (torchrun's --log-dir, CANN's layout).
 _NOT_A_NODE = re.compile(
     r"^(?:ranks?|logs?|attempt_\d+|process_log|debug|run|plog|device-\d+|stdout|stderr|tmp|\d+"
-    r"|environment_check|layout)$",
+    r"|environment_check|layout|_unscheduled)$",
     re.IGNORECASE,
 )
 _RANK_DIR_PARENT = re.compile(r"^(?:ranks?|attempt_\d+|local_?ranks?)$", re.IGNORECASE)
@@ -63,7 +63,7 @@ _HCCN_NAME = re.compile(r"hccn(?:_tool)?[-_.]?(?:i[-_.]?)?(\d{1,3})(?:\D|$)", re
 # [nvmlDev D] busId B` and `host:pid:tid [dev] NCCL INFO Bootstrap : Using eth0:10.0.0.1<0>`.
 _NCCL_COMM = re.compile(
     rb"([A-Za-z0-9][A-Za-z0-9._-]*):\d+:\d+ \[\d{1,3}\] NCCL INFO (?:ncclCommInitRank )?comm 0x[0-9a-f]+ "
-    rb"rank (\d{1,6}) nr?anks \d+ (?:nNodes \d+ localRanks \d+ localRank \d+ )?cudaDev (\d{1,3})"
+    rb"rank (\d{1,6}) nranks \d+ cudaDev (\d{1,3})"
     rb"(?: nvmlDev \d{1,3})?(?: busId ([0-9a-fA-F]{1,16}))?"
 )
 _NCCL_BOOTSTRAP = re.compile(
@@ -167,7 +167,7 @@ class Layout:
     # -- what the files say ----------------------------------------------------------------------
 
     def _learn_tools(self, name: str, node: str | None, data: bytes) -> None:
-        if b"Process id" in data or b"npu-smi" in data.lower():
+        if b"Process id" in data:  # the header of `npu-smi info`'s process table
             for m in _NPU_SMI_PROC.finditer(data):
                 self.pid_device.setdefault((node, m.group(3).decode()), m.group(1).decode())
         if b"ipaddr" in data:
@@ -276,10 +276,14 @@ class Layout:
         return self.rank_of(node, devices.pop())
 
     def node_of(self, host: str | None) -> str | None:
-        """The node folder a host name of the logs stands for."""
+        """The node folder a host name (NCCL's prefix) or a server IP (a rank table's, an HCCL line's)
+        of the logs stands for."""
         if host is None:
             return None
-        return self.hosts.get(host, host)
+        if host in self.hosts:
+            return self.hosts[host]
+        known = self.ips.get(host)
+        return known.node if known is not None and known.node is not None else host
 
     def rank_places(self) -> dict[int, Place]:
         return dict(self.ranks)

@@ -38,6 +38,9 @@ EXPECTED: dict[str, tuple[object, ...]] = {
     "host-2n-readonly-fs": ("storage_error", "fs_error", "node-b", None, None, []),
     # Benign host lines (link up, zero corrected errors, a conntrack notice) never become the root.
     "host-2n-benign-lines": ("accelerator_oom", "npu_oom", "node-b", "1", 3, []),
+    # Older HCCL "abnormal device" lines on every waiting rank name serverId 10.40.0.2 (a host IP of
+    # the rank table: node-b) and deviceId 1: rank 3, which printed nothing.
+    "ascend-2n-abnormal-device": ("hang", "hccl_heartbeat_lost", "node-b", "1", 3, []),
     # NCCL INFO lines map host gpu-b's GPU at bus 3b000 (cudaDev 1) to rank 3: Xid 79 names rank 3.
     "nvidia-2n-xid79": ("device_error", "xid:79", "node-b", "0000:3b:00", 3, []),
 }
@@ -142,4 +145,100 @@ def test_layout_reads_the_tools(name: str, question: tuple[object, ...], expecte
         got = layout.rank_of_bus(str(args[0]), str(args[1]))
     else:
         got = layout.node_of(str(args[0]))
+    assert got == expected
+
+
+GROUPED_TABLE = {
+    "version": "1.0",
+    "status": "completed",
+    "server_group_list": [
+        {
+            "group_id": "2",
+            "server_count": "1",
+            "server_list": [
+                {
+                    "server_id": "10.9.0.2",
+                    "server_ip": "10.9.0.2",
+                    "device": [
+                        {"device_id": "3", "device_ip": "192.168.9.3", "device_logical_id": "3", "rank_id": "7"}
+                    ],
+                }
+            ],
+        }
+    ],
+}
+
+
+@pytest.mark.parametrize(
+    ("files", "question", "expected"),
+    [
+        # hccn_tool output saved one file per device, no command echoed: the device from the file name.
+        pytest.param(
+            {"w1/environment_check/hccn_tool_i_2.txt": "ipaddr:192.168.5.2\nnetmask:255.255.255.0\n"},
+            ("ip", "w1", "2"),
+            "192.168.5.2",
+            id="hccn-per-file",
+        ),
+        # MindCluster's global-ranktable (server_group_list): a server no folder is named after keeps
+        # its id as its node; its only device's rank is the server IP's.
+        pytest.param(
+            {"global-ranktable.json": json.dumps(GROUPED_TABLE)}, ("rank", 7), ("10.9.0.2", "3"), id="grouped"
+        ),
+        pytest.param(
+            {"global-ranktable.json": json.dumps(GROUPED_TABLE)}, ("where-ip", "10.9.0.2"), "rank 7", id="server"
+        ),
+        # A rank table that is not JSON is ignored, not an error.
+        pytest.param({"hccl.json": '{"server_list": ['}, ("rank", 0), None, id="broken-table"),
+        # An `npu-smi info` device-table row is not a process row.
+        pytest.param(
+            {
+                "w1/npu_smi.txt": "| NPU     Chip              | Process id    |\n"
+                "| 0     910B3               | OK            | 93.1 |\n"
+            },
+            ("pid", "w1", "910"),
+            None,
+            id="npu-smi-device-row",
+        ),
+        # NCCL's init line of older releases (no nvmlDev, no commId; NVIDIA/nccl issue 629).
+        pytest.param(
+            {
+                "h1/rank15.log": "h1:193027:193119 [7] NCCL INFO comm 0x7fdf08000d00 rank 15 nranks 16 cudaDev 7 "
+                "busId e7000 - Init COMPLETE\n"
+            },
+            ("bus", "h1", "0000:e7:00"),
+            15,
+            id="nccl-older-line",
+        ),
+        # ... and of recent ones, prefixed with the API (NVIDIA/nccl-tests issue 252).
+        pytest.param(
+            {
+                "h2/x.log": "h2:25146:25827 [0] NCCL INFO ncclCommInitRank comm 0x559d5aa8ca00 rank 4 nranks 8 "
+                "cudaDev 0 "
+                "nvmlDev 0 busId 42000 commId 0x996ee6f117cb8e1e - Init START\n"
+            },
+            ("rank", 4),
+            ("h2", "0"),
+            id="nccl-init-rank-prefix",
+        ),
+    ],
+)
+def test_layout_edge_cases(
+    tmp_path: Path, files: dict[str, str], question: tuple[object, ...], expected: object
+) -> None:
+    for rel, text in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text, encoding="utf-8")
+    layout = Layout(expand_inputs([str(tmp_path)]), str(tmp_path))
+    kind, *args = question
+    if kind == "ip":
+        got: object = layout.device_ip.get((str(args[0]), str(args[1])))
+    elif kind == "rank":
+        place = layout.ranks.get(int(str(args[0])))
+        got = (place.node, place.device) if place else None
+    elif kind == "where-ip":
+        got = layout.ip_places().get(str(args[0]))
+    elif kind == "pid":
+        got = layout.pid_device.get((str(args[0]), str(args[1])))
+    else:
+        got = layout.rank_of_bus(str(args[0]), str(args[1]))
     assert got == expected
