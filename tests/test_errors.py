@@ -31,8 +31,8 @@ LAYERS = (
 BASES = {"KubeError", "WatchError", "RemediationError", "ActionBlocked"}
 
 
-def layer_errors() -> list[type[BaseException]]:
-    out: list[type[BaseException]] = []
+def layer_errors() -> list[type[TrainmedicError]]:
+    out: list[type[TrainmedicError]] = []
     for name in LAYERS:
         module = importlib.import_module(name)
         for _, obj in inspect.getmembers(module, inspect.isclass):
