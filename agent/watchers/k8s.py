@@ -30,6 +30,8 @@ Errors carry their retry semantics (kopf-style):
     |                           jitter (Retry-After honoured: its `delay`), then resume (TemporaryError)
     +-- PermanentWatchError     (PermanentError) 400/401/403/422: credentials, RBAC, a bad selector -> logged as a
         |                       configuration error naming the resource and verb, re-checked slowly
+        |                       (a 401/403 after a list that worked is first retried at the backoff
+        |                       pace a few times: a restarting API server refuses until its caches fill)
         +-- MissingResource     404: the API is not served (Volcano / Kubeflow CRD not installed)
                                 -> logged once, re-checked slowly, never fatal
 
@@ -1139,6 +1141,10 @@ class WatchSettings:
     # How often a missing resource (CRD not installed) or a forbidden one (RBAC) is re-checked.
     missing_recheck_s: float = 300.0
     forbidden_recheck_s: float = 300.0
+    # A watch that listed fine before and is then refused (401/403) is retried at the backoff pace
+    # this many times before it counts as a configuration error: an API server that is starting
+    # (or restarting) refuses requests until its authenticator and authorizer caches are filled.
+    refused_retries: int = 5
     # Events older than this when first seen (the list at start-up replays up to an hour) are recorded
     # for de-duplication but not published.
     event_max_age_s: float = 600.0
@@ -1237,6 +1243,8 @@ class Reflector:
         self._labels = LabelSelector.parse(self.label_selector)
         self._rv: str | None = None
         self._missing_logged = False
+        self._listed = False  # a list has succeeded: the credentials and RBAC were fine then
+        self._refused = 0  # refusals (401/403) since the last successful list
         self.stream: LineStream[dict[str, Any]] | None = None
 
     # -- helpers -----------------------------------------------------------------------------------
@@ -1284,6 +1292,7 @@ class Reflector:
                     await self._list()
                     need_list = False
                     attempt = 0
+                    self._listed, self._refused = True, 0
                     self._mark_synced()
                 verb = "watch"
                 self.state = "watching"
@@ -1334,6 +1343,14 @@ class Reflector:
         if isinstance(err, PermanentWatchError):
             self._count(err.kind)
             self.state = "forbidden"
+            if self._listed and err.kind in ("unauthorized", "forbidden") and self._refused < s.refused_retries:
+                # It worked before: most likely an API server still filling its caches after a
+                # restart, which refuses everyone for a few seconds. Retry soon before giving up.
+                self._refused += 1
+                delay = self.backoff(self._refused - 1)
+                log.warning("%s: %s; it was allowed before, retrying in %.1f s", self.name, err, delay)
+                await asyncio.sleep(delay)
+                return attempt
             log.error("configuration error: %s; retrying in %g s", err, s.forbidden_recheck_s)
             self._mark_synced()
             await asyncio.sleep(s.forbidden_recheck_s)

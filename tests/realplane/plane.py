@@ -261,15 +261,22 @@ async def clean(plane: KubePlane) -> None:
             with contextlib.suppress(urllib.error.HTTPError):
                 plane.request("DELETE", f"/api/v1/namespaces/{TRAINING}/pods/{name}", {"gracePeriodSeconds": 0})
 
+        left: list[str] = []
+
         def settled() -> bool:
             pods = plane.request("GET", f"/api/v1/namespaces/{TRAINING}/pods")["items"]
             jobs = plane.request("GET", f"/apis/batch/v1/namespaces/{TRAINING}/jobs")["items"]
-            healthy = all(
-                plane.node_ready(n.name) and not plane.node(n.name)["spec"].get("taints") for n in plane.nodes
-            )
-            return not pods and not jobs and healthy
+            left[:] = [f"pod {p['metadata']['name']}" for p in pods] + [f"job {j['metadata']['name']}" for j in jobs]
+            for n in plane.nodes:
+                node = plane.node(n.name)
+                if not plane.node_ready(n.name) or node["spec"].get("taints") or node["spec"].get("unschedulable"):
+                    left.append(f"node {n.name}: {node['spec']} {(node.get('status') or {}).get('conditions')}")
+            return not left
 
-        await until("a clean plane", settled, timeout=90)
+        try:
+            await until("a clean plane", settled, timeout=90)
+        except AssertionError as e:
+            raise AssertionError(f"{e}; still there: {left}") from None
     finally:
         ops.close()
         api.close()

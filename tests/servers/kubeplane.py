@@ -356,10 +356,17 @@ class KubePlane:
                 p.stop()
 
     def restart_apiserver(self, timeout: float = 60.0) -> None:
-        """Stop the API server and start it again on the same port and etcd."""
+        """Stop the API server and start it again on the same port and etcd. The KWOK processes are
+        restarted after it: KWOK 0.8's lease cache does not recover from losing the API server (its
+        renewals conflict for ever, and every node would go NotReady), where a kubelet's does."""
         self.procs["kube-apiserver"].stop()
         self._proc("kube-apiserver", self._apiserver_argv())
         self.wait_apiserver(timeout)
+        for n in self.nodes:
+            p = self.procs.get(f"kwok-{n.name}")
+            if p is not None and p.alive():
+                p.stop()
+                self.start_kwok(n.name)
 
     def wait_apiserver(self, timeout: float = 60.0) -> None:
         self._wait("kube-apiserver ready", lambda: self._get("/readyz") is not None, timeout)
