@@ -4,6 +4,8 @@
 #                Prometheus and Alertmanager from Debian, Apache Kafka from Maven Central, tansu)
 #   make kafka   Apache Kafka's jars for the bus tests, once per version (make test does it)
 #   make bench   throughput and latency figures as one JSON object (bench/results.json)
+#   make soak    the daemon under sustained load (bench/soak.py): RSS slope, loop lag, state gauges
+#                (SOAK_ARGS to change it, e.g. SOAK_ARGS="--minutes 3 --warmup-s 90"); not part of test
 
 PYTHON ?= python3
 VENV   ?= .venv
@@ -16,7 +18,7 @@ KAFKA_VERSION := $(shell sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:
 KAFKA_HOME    := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/trainmedic/kafka-$(KAFKA_VERSION)
 KAFKA_STAMP   := $(KAFKA_HOME)/lib/.pom-$(shell sha256sum $(KAFKA_POM) | cut -c1-12)
 
-.PHONY: all venv servers kafka check lint types test demo bench clean
+.PHONY: all venv servers kafka check lint types test demo bench soak clean
 
 all: test
 
@@ -73,6 +75,12 @@ demo: venv
 
 bench: venv
 	@$(PY) bench/run.py
+
+# 30 minutes at 20,000 lines/s with 20 new faulting jobs/s through `run --role all`'s brain and
+# memory bus; merges its figures into bench/results.json.
+SOAK_ARGS ?=
+soak: venv
+	@$(PY) -m bench.soak --results bench/results.json $(SOAK_ARGS)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache build *.egg-info
