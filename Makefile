@@ -7,6 +7,8 @@
 #                kube-controller-manager, kube-scheduler and KWOK built with Go; etcd from Debian),
 #                once per version (make test does it)
 #   make bench   throughput and latency figures as one JSON object (bench/results.json)
+#   make soak    the daemon under sustained load (bench/soak.py): RSS slope, loop lag, state gauges
+#                (SOAK_ARGS to change it, e.g. SOAK_ARGS="--minutes 3 --warmup-s 90"); not part of test
 
 PYTHON ?= python3
 VENV   ?= .venv
@@ -26,7 +28,7 @@ KUBE_VERSION := $(shell sed -n 's:^require k8s.io/kubernetes \(v[0-9.]*\)$$:\1:p
 KUBE_HOME    := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/trainmedic/kube-$(KUBE_VERSION)
 KUBE_STAMP   := $(KUBE_HOME)/bin/.built-$(shell cat $(KUBE_DIR)/go.mod $(KUBE_DIR)/go.sum $(KUBE_DIR)/build.sh | sha256sum | cut -c1-12)
 
-.PHONY: all venv servers kafka cluster check lint types test demo bench clean
+.PHONY: all venv servers kafka cluster check lint types test demo bench soak clean
 
 all: test
 
@@ -96,6 +98,12 @@ demo: venv
 
 bench: venv
 	@$(PY) bench/run.py
+
+# 30 minutes at 20,000 lines/s with 20 new faulting jobs/s through `run --role all`'s brain and
+# memory bus; merges its figures into bench/results.json.
+SOAK_ARGS ?=
+soak: venv
+	@$(PY) -m bench.soak --results bench/results.json $(SOAK_ARGS)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache build *.egg-info

@@ -168,6 +168,33 @@ _ERROR_LINE = re.compile(
     r"Segmentation fault|Aborted|\bE\d{4} \d\d:"
 )
 _ERROR_LINE_MAX = 500
+# The same alternatives without the leading word boundaries (checked on the two that have one):
+# searched over a whole batch at once, about ten times faster than `_ERROR_LINE` line by line.
+_ERROR_HINT = re.compile(
+    r"Traceback|Error\b|ERROR|Exception\b|FATAL|Fatal|Killed|Segmentation fault|Aborted|"
+    r"exit(?:ed|code| code| status)|E\d{4} \d\d:"
+)
+
+
+def error_lines_of(lines: Sequence[str]) -> list[str]:
+    """The lines `_ERROR_LINE` finds, in order, found in one pass over the joined batch."""
+    text = "\n".join(lines)
+    out: list[str] = []
+    taken = -1  # end of the last line taken
+    for m in _ERROR_HINT.finditer(text):
+        start = m.start()
+        if start < taken:
+            continue
+        if start > 0 and (text[start] == "e" or text[start + 1].isdigit()):
+            before = text[start - 1]
+            if before.isalnum() or before == "_":
+                continue  # `exit...` and `E1234 12:` start a word
+        begin = text.rfind("\n", 0, start) + 1
+        end = text.find("\n", start)
+        end = len(text) if end < 0 else end
+        out.append(text[begin:end])
+        taken = end
+    return out
 
 
 def _fold_key(f: Finding) -> tuple[object, ...]:
@@ -439,7 +466,7 @@ class Brain:
         return slot
 
     def _keep_error_lines(self, job_key: str, rank: str, lines: Sequence[str]) -> None:
-        errors = [line[:_ERROR_LINE_MAX] for line in lines if _ERROR_LINE.search(line)]
+        errors = [line[:_ERROR_LINE_MAX] for line in error_lines_of(lines)]
         if not errors:
             return
         ranks = self._job_slot(self.error_lines, job_key)

@@ -129,6 +129,8 @@ def build_agent(
     # Every role shares one loop between its parts: how late it runs is measured in each.
     lag = agent.lag = LoopLagMonitor(telemetry)
     agent.components["looplag"] = lambda: lag.run(agent.stop)
+    index = agent.job_index
+    telemetry.refreshers.append(lambda: telemetry.state_entries.labels("job_index_pods").set(len(index)))
     node_sources = role in (Role.NODE, Role.ALL)
     cluster_sources = role in (Role.CLUSTER, Role.ALL)
 

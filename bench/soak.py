@@ -47,6 +47,7 @@ if str(ROOT) not in sys.path:
 
 from agent.config import Role, Settings  # noqa: E402
 from agent.run import build_agent, run_agent  # noqa: E402
+from agent.telemetry import Telemetry  # noqa: E402
 from trainmedic.events import SCHEMA_VERSION, JobRef, PodStatus, Topic, WorkloadStatus, make_event  # noqa: E402
 
 FAULT = (
@@ -199,9 +200,13 @@ def _types() -> Counter[str]:
 
 async def soak(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="tm-soak-") as tmp:
+        from agent.config import DetectSettings
+
+        # (detect.job_grace_s is newer than the agent this may measure for a baseline.)
+        detect = {"job_grace_s": args.job_grace_s} if "job_grace_s" in DetectSettings.model_fields else {}
         settings = Settings.model_validate(
             {
-                "detect": {"job_grace_s": args.job_grace_s},
+                "detect": detect,
                 "log_format": "text",
                 "log_level": "WARNING",
                 "kubernetes": {"enabled": False},
@@ -215,6 +220,12 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
         agent = build_agent(settings, Role.ALL)
         brain = agent.brain
         assert brain is not None
+        lag = getattr(agent, "lag", None)
+        if lag is None:  # an agent without its own monitor (a baseline): the same measure, from here
+            from agent.looplag import LoopLagMonitor
+
+            lag = LoopLagMonitor(Telemetry())
+            agent.components["looplag"] = lambda: lag.run(agent.stop)
         runner = asyncio.create_task(run_agent(agent))
         await agent.started.wait()
         await brain.ready.wait()
@@ -245,7 +256,7 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
                         snap = tracemalloc.take_snapshot()
                         types0 = _types()
                     lines_at_warmup = lines_read()
-                    lag_at_warmup = agent.lag.taken if agent.lag else 0
+                    lag_at_warmup = lag.taken
                     t_warm = time.monotonic() - t0
 
         sampler = asyncio.create_task(sample())
@@ -253,9 +264,10 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
         await pub.run(seconds)
         sampler.cancel()
         lines_in = lines_read()
-        backlog = sum(s["records"] for s in agent.bus.stats().values()) if hasattr(agent.bus, "stats") else 0
+        stats = agent.bus.stats() if hasattr(agent.bus, "stats") else {}
+        backlog = {topic: s["records"] for topic, s in stats.items() if s["records"]}
         state = brain.state_sizes() if hasattr(brain, "state_sizes") else {}
-        lags = list(agent.lag.samples)[-(agent.lag.taken - lag_at_warmup) :] if agent.lag else []
+        lags = list(lag.samples)[-(lag.taken - lag_at_warmup) :] if lag.taken > lag_at_warmup else []
         if args.tracemalloc and snap is not None and types0 is not None:
             gc.collect()
             end = tracemalloc.take_snapshot()

@@ -115,8 +115,9 @@ class MemoryBus(Bus):
             if not self._read(topic):
                 # Nobody reads this topic (yet): keep only the newest records, like a retention limit
                 # (nobody could free room for a waiting publisher).
-                records = min(self.orphan_records, self.max_backlog)
-                budget = min(self.orphan_bytes, self.max_backlog_bytes)
+                # The budget is the topic's: each partition keeps its share of it.
+                records = max(1, min(self.orphan_records, self.max_backlog) // len(parts))
+                budget = max(1, min(self.orphan_bytes, self.max_backlog_bytes) // len(parts))
                 while part.log and (len(part.log) >= records or part.bytes + size > budget):
                     part.drop_oldest()
             while self._read(topic) and self._full(topic, part, size):
