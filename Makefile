@@ -6,6 +6,7 @@
 #   make cluster the real Kubernetes control plane for tests/realplane (kube-apiserver,
 #                kube-controller-manager, kube-scheduler and KWOK built with Go; etcd from Debian),
 #                once per version (make test does it)
+#   make helm    helm built from its Go module, for the chart's tests, once per version (make test does it)
 #   make bench   throughput and latency figures as one JSON object (bench/results.json)
 #   make soak    the daemon under sustained load (bench/soak.py): RSS slope, loop lag, state gauges
 #                (SOAK_ARGS to change it, e.g. SOAK_ARGS="--minutes 3 --warmup-s 90"); not part of test
@@ -28,7 +29,7 @@ KUBE_VERSION := $(shell sed -n 's:^require k8s.io/kubernetes \(v[0-9.]*\)$$:\1:p
 KUBE_HOME    := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/trainmedic/kube-$(KUBE_VERSION)
 KUBE_STAMP   := $(KUBE_HOME)/bin/.built-$(shell cat $(KUBE_DIR)/go.mod $(KUBE_DIR)/go.sum $(KUBE_DIR)/build.sh | sha256sum | cut -c1-12)
 
-.PHONY: all venv servers kafka cluster check lint types test demo bench soak clean
+.PHONY: all venv servers kafka cluster helm check lint types test demo bench soak clean
 
 all: test
 
@@ -78,6 +79,19 @@ $(KUBE_STAMP): $(KUBE_DIR)/go.mod $(KUBE_DIR)/go.sum $(KUBE_DIR)/build.sh
 	$(KUBE_DIR)/build.sh
 	@touch $@
 
+# helm for tests/test_helm.py (helm lint, helm template of deploy/helm/trainmedic), built from its Go
+# module once per version into a cache directory (a few CPU-minutes the first time).
+HELM_VERSION := v3.19.0
+HELM_HOME    := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/trainmedic/helm-$(HELM_VERSION)
+
+helm: $(HELM_HOME)/helm
+
+$(HELM_HOME)/helm:
+	@command -v go >/dev/null || { echo "make helm needs Go"; exit 1; }
+	@rm -rf $(HELM_HOME).tmp && mkdir -p $(HELM_HOME).tmp
+	GOBIN=$(HELM_HOME).tmp go install -ldflags "-s -w" helm.sh/helm/v3/cmd/helm@$(HELM_VERSION)
+	@mkdir -p $(HELM_HOME) && mv $(HELM_HOME).tmp/helm $@ && rm -rf $(HELM_HOME).tmp
+
 lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
@@ -87,7 +101,7 @@ types: venv
 
 check: lint types
 
-test: check servers kafka cluster
+test: check servers kafka cluster helm
 	$(VENV)/bin/trainmedic rules test
 	$(PY) -m pytest -q
 

@@ -9,7 +9,8 @@ Two callers, one list of checks:
   ready. `trainmedic_ready` (a gauge, 1 or 0) follows the same answer at
   every check, so an alert needs no probe.
 - `trainmedic run --check` (`preflight`): every source and capability of the role with on / off
-  and the reason, the brokers reached over TCP, and the checkpoint directories the responder
+  and the reason, the Kubernetes API read once with the agent's credentials, the brokers reached
+  over TCP, and the checkpoint directories the responder
   reads (`remediate.checkpoint_path_map`): a restart from checkpoint needs them mounted. A problem
   that makes the agent useless (no broker, nothing to watch, a mapped checkpoint directory that
   is not there) exits non-zero with the reason in English and Chinese.
@@ -148,12 +149,60 @@ def readiness(agent: Agent) -> Callable[[], tuple[bool, dict[str, Any]]]:
     return ready
 
 
-def preflight(settings: Settings, role: Role, *, agent: Agent | None = None, timeout: float = 3.0) -> list[Check]:
-    """Every check of `run --check` for `role`. `agent` (built without starting) may be given."""
-    from agent.run import build_agent
+def kube_check(api: Any, role: Role, timeout: float = 3.0) -> Check:
+    """One read the role's ServiceAccount may make (the brain: nodes; the others: pods), to prove the
+    API server answers and the credentials work before the watchers depend on them."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    core = client.CoreV1Api(api)
+    what = "nodes" if role is Role.BRAIN else "pods"
+    try:
+        resp: Any
+        if role is Role.BRAIN:
+            resp = core.list_node(limit=1, _request_timeout=timeout, _preload_content=False)
+        else:
+            resp = core.list_pod_for_all_namespaces(limit=1, _request_timeout=timeout, _preload_content=False)
+        resp.release_conn()
+    except ApiException as e:
+        if e.status in (401, 403):
+            return Check(
+                "kubernetes-api",
+                "fail",
+                f"the API server refuses to list {what} ({e.status} {e.reason}): check the ServiceAccount and its RBAC",
+                f"API 服务器拒绝列出 {what}（{e.status} {e.reason}）：请检查 ServiceAccount 及其 RBAC 权限",
+            )
+        return Check(
+            "kubernetes-api",
+            "fail",
+            f"the API server answered {e.status} {e.reason} to a list of {what}",
+            f"API 服务器对 {what} 列表请求返回 {e.status} {e.reason}",
+        )
+    except Exception as e:  # noqa: BLE001 (connection refused, DNS, TLS, timeout: each is "unreachable")
+        why = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+        return Check(
+            "kubernetes-api",
+            "fail",
+            f"the API server is unreachable ({why})",
+            f"无法连接 API 服务器（{why}）",
+        )
+    return Check("kubernetes-api", "ok", f"API server reachable, {what} readable", f"API 服务器可连接，可读取 {what}")
+
+
+def preflight(
+    settings: Settings,
+    role: Role,
+    *,
+    agent: Agent | None = None,
+    api_client: Any = None,
+    timeout: float = 3.0,
+) -> list[Check]:
+    """Every check of `run --check` for `role`. `agent` (built without starting) and `api_client`
+    (the Kubernetes client; default: from the settings, as the agent makes it) may be given."""
+    from agent.run import SourceUnavailableError, _kube_api_client, build_agent
 
     if agent is None:
-        agent = build_agent(settings, role)
+        agent = build_agent(settings, role, api_client=api_client)
     checks: list[Check] = []
     for name in sorted(set(agent.components) | set(agent.disabled)):
         en, zh = CAPABILITIES.get(name, (name, name))
@@ -185,6 +234,16 @@ def preflight(settings: Settings, role: Role, *, agent: Agent | None = None, tim
                         f"Kafka 无法连接（{unreachable}）：请检查 bus.bootstrap 与网络策略",
                     )
                 )
+    if settings.kubernetes.enabled and "kubernetes" not in agent.disabled:
+        own = api_client is None
+        try:
+            api = api_client if api_client is not None else _kube_api_client(settings)
+        except SourceUnavailableError as e:
+            checks.append(Check("kubernetes-api", "fail", str(e), f"无法加载 Kubernetes 配置：{e}"))
+        else:
+            checks.append(kube_check(api, role, timeout))
+            if own:
+                api.close()
     if role in (Role.BRAIN, Role.ALL) and "responder" in agent.components:
         checks.extend(checkpoint_checks(settings))
     _close(agent)

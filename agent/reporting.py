@@ -729,7 +729,10 @@ def _recommendations(
     out: list[dict[str, str]] = []
     if rc is not None and rc.get("hint"):
         out.append(rc["hint"])
-    if rc is not None and rc.get("action"):
+    # "Restart the application" beside a plan that restarts nothing (the policy holds the restart
+    # back, e.g. an out-of-memory that would fail the same way) contradicts the report's own advice.
+    plans_restart = any(a.name in _RESTARTS for a in incident.actions)
+    if rc is not None and rc.get("action") and (rc["action"] != "restart_app" or plans_restart):
         meaning = i18n("normalized", rc["action"])
         if rc.get("vendor_action"):
             out.append(

@@ -190,7 +190,9 @@ def env_file(path: Path) -> dict[str, str]:
 
 
 def deploy_yaml_files() -> list[Path]:
-    return [*sorted(p for p in DEPLOY.rglob("*") if p.suffix in (".yaml", ".yml")), COMPOSE_FILE]
+    # Helm templates are Go templates, not YAML (tests/test_helm.py renders them).
+    files = (p for p in DEPLOY.rglob("*") if p.suffix in (".yaml", ".yml") and "templates" not in p.parts)
+    return [*sorted(files), COMPOSE_FILE]
 
 
 @pytest.mark.parametrize("path", deploy_yaml_files(), ids=lambda p: str(p.relative_to(ROOT)))
@@ -226,8 +228,8 @@ def test_kustomization_names_only_existing_files(kpath: Path) -> None:
         assert path.is_relative_to(kpath.parent.resolve()), f"{kpath}: {rel} is outside {kpath.parent}"
 
 
-# Folders with kustomizations of their own, checked by tests/test_deploy_allinone.py.
-OWN_TESTS = ("all-in-one", "monitoring")
+# Folders checked by tests of their own: tests/test_deploy_allinone.py, tests/test_helm.py.
+OWN_TESTS = ("all-in-one", "monitoring", "helm")
 
 
 def test_every_file_in_deploy_is_used() -> None:

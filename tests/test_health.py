@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import http.server
 import re
 import socket
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -255,3 +257,67 @@ async def test_readyz_is_503_while_kafka_is_unreachable(tmp_path: Path, role: Ro
     assert r.status_code == 503
     assert any(f"127.0.0.1:{port} is unreachable" in w for w in r.json()["detail"]["waiting"])
     assert _gauge(agent) == 0.0
+
+
+# ------------------------------------------------------------------------------------------------
+# run --check reads the Kubernetes API once with the agent's credentials
+
+
+def _client(url: str) -> Any:
+    from kubernetes import client as kclient
+
+    return kclient.ApiClient(kclient.Configuration(host=url))
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("role", [Role.ALL, Role.BRAIN])
+async def test_check_reads_the_api_server(tmp_path: Path, role: Role) -> None:
+    import asyncio
+
+    from servers.kube import KubeEmulator, require_kmock
+
+    require_kmock()
+    (tmp_path / "pods").mkdir()
+    env: dict[str, Any] = {"logs": {"root": tmp_path / "pods"}, "kubernetes": {"enabled": "true"}}
+    if role is Role.BRAIN:
+        env["bus"] = {"kind": "kafka", "bootstrap": f"127.0.0.1:{_closed_port()}"}
+    settings = _settings(tmp_path, **env)
+    async with KubeEmulator() as kube:
+        checks = await asyncio.to_thread(preflight, settings, role, api_client=kube.api_client(), timeout=5.0)
+    (api,) = [c for c in checks if c.name == "kubernetes-api"]
+    assert api.level == "ok", api.en
+    assert ("nodes" if role is Role.BRAIN else "pods") in api.en
+
+
+class _Refuse(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        body = b'{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"Forbidden","code":403}'
+        self.send_response(403)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        return
+
+
+@pytest.mark.parametrize("server", ["forbidden", "unreachable"])
+def test_check_fails_when_the_api_server_refuses_or_is_away(tmp_path: Path, server: str) -> None:
+    from agent.health import kube_check
+
+    if server == "forbidden":
+        httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Refuse)
+        thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+        thread.start()
+        url = f"http://127.0.0.1:{httpd.server_address[1]}"
+    else:
+        url = f"http://127.0.0.1:{_closed_port()}"
+    try:
+        check = kube_check(_client(url), Role.CLUSTER, timeout=2.0)
+    finally:
+        if server == "forbidden":
+            httpd.shutdown()
+            httpd.server_close()
+    assert check.level == "fail"
+    assert ("RBAC" in check.en and "RBAC" in check.zh) if server == "forbidden" else "unreachable" in check.en

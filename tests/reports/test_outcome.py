@@ -150,3 +150,32 @@ def test_evidence_lines_wrap_in_html(tmp_path: Path) -> None:
     pre = re.search(r"\npre \{[^}]*\}", out)
     assert pre is not None and "white-space: pre-wrap" in pre.group(0) and "overflow-x" not in pre.group(0)
     assert "@media (max-width: 640px)" in out
+
+
+@pytest.mark.parametrize(("restart", "shown"), [(False, False), (True, True)])
+def test_restart_advice_only_where_the_plan_restarts(tmp_path: Path, restart: bool, shown: bool) -> None:
+    store = IncidentStore(tmp_path / "s.db")
+    rc = {
+        "fault_class": "accelerator_oom",
+        "chip": "nvidia",
+        "code": "cuda_oom",
+        "action": "restart_app",
+        "vendor_action": None,
+        "summary": {"en": "CUDA out of memory", "zh": "显存不足"},
+        "hint": {"en": "Reduce the micro-batch size.", "zh": "请减小 micro-batch。"},
+    }
+    store.open_incident(
+        "inc-0001",
+        key="job:train/llama",
+        diagnosis={"revision": 1, "diagnosis": {"root_cause": rc, "findings": []}},
+        revision=1,
+        namespace="train",
+        job="llama",
+        fault_class="accelerator_oom",
+        code="cuda_oom",
+    )
+    actions: list[tuple[str, dict[str, Any]]] = [("restart_from_checkpoint", {})] if restart else [("notify", {})]
+    store.set_plan("inc-0001", {"mode": "enforce"}, "enforce", actions)
+    store.set_status("inc-0001", IncidentStatus.RESOLVED)
+    recs = report_context(store, "inc-0001")["recommendations"]
+    assert any("restart_app" in r["en"] for r in recs) is shown
