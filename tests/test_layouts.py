@@ -209,6 +209,18 @@ GROUPED_TABLE = {
             15,
             id="nccl-older-line",
         ),
+        # A sub-communicator (a tensor-parallel pair) numbers its members from 0 again: only the world's
+        # ranks are global ranks.
+        pytest.param(
+            {
+                "h3/rank1.log": "h3:11:12 [1] NCCL INFO comm 0x1 rank 1 nranks 4 cudaDev 1 busId 2b000\n"
+                "h3:11:13 [1] NCCL INFO comm 0x2 rank 0 nranks 2 cudaDev 1 busId 2b000 - Init COMPLETE\n",
+                "h3/worker_rank0.log": "h3:10:12 [0] NCCL INFO comm 0x3 rank 0 nranks 4 cudaDev 0 busId 1a000\n",
+            },
+            ("rank", 0),
+            ("h3", "0"),
+            id="nccl-sub-communicator",
+        ),
         # ... and of recent ones, prefixed with the API (NVIDIA/nccl-tests issue 252).
         pytest.param(
             {
