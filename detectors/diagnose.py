@@ -113,10 +113,12 @@ def attribute(
         # A line that names another place than its file's (HCCL's "Cluster Exception Location" naming
         # the rank the others waited on, an abnormal device on another server) is that place's: the
         # file's node, device and rank are the reporter's, not its.
-        foreign = (line_node is not None and node is not None and line_node != node) or (
-            f.rank is not None and rank is not None and f.rank != rank
+        # Only a rule's own `node` / `rank` groups name another place: the generic prefixes (NCCL's
+        # `host:pid:tid`, torchrun's `[rank3]:`) are the reporter's own.
+        foreign = ("node" in f.groups and line_node is not None and node is not None and line_node != node) or (
+            "rank" in f.groups and f.rank is not None and rank is not None and f.rank != rank
         )
-        if not foreign and line_node is not None and f.device is not None and rank is not None:
+        if not foreign and "node" in f.groups and line_node is not None and f.device is not None and rank is not None:
             # ... or names a server and a device other than the file's rank's own (when the layout
             # knows it): an abnormal device on this same node.
             own = layout.ranks.get(rank)

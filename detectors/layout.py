@@ -63,7 +63,7 @@ _HCCN_NAME = re.compile(r"hccn(?:_tool)?[-_.]?(?:i[-_.]?)?(\d{1,3})(?:\D|$)", re
 # [nvmlDev D] busId B` and `host:pid:tid [dev] NCCL INFO Bootstrap : Using eth0:10.0.0.1<0>`.
 _NCCL_COMM = re.compile(
     rb"([A-Za-z0-9][A-Za-z0-9._-]*):\d+:\d+ \[\d{1,3}\] NCCL INFO (?:ncclCommInitRank )?comm 0x[0-9a-f]+ "
-    rb"rank (\d{1,6}) nranks \d+ cudaDev (\d{1,3})"
+    rb"rank (\d{1,6}) nranks (\d{1,6}) cudaDev (\d{1,3})"
     rb"(?: nvmlDev \d{1,3})?(?: busId ([0-9a-fA-F]{1,16}))?"
 )
 _NCCL_BOOTSTRAP = re.compile(
@@ -124,6 +124,7 @@ class Layout:
         self.nodes: set[str] = set()
         given = dict(blobs)
         self._tables: list[tuple[str | None, bytes]] = []
+        self._comms: list[tuple[int, Place]] = []
         for name in names:
             path = Path(name)
             node, _ = place_of(name, root)
@@ -158,6 +159,13 @@ class Layout:
     def finish(self) -> None:
         """Rank tables last (their servers are placed by what the tool outputs said), then the
         devices' addresses."""
+        # A rank of NCCL's lines is a global rank only in the largest communicator (the world); the
+        # others (tensor- or data-parallel groups) number their members from 0 again.
+        world = max((size for size, _ in self._comms), default=0)
+        for size, place in self._comms:
+            if size == world and place.rank is not None:
+                self.ranks.setdefault(place.rank, place)
+        self._comms = []
         for node, data in self._tables:
             self._learn_rank_table(node, data)
         self._tables = []
@@ -183,13 +191,13 @@ class Layout:
         if b"NCCL INFO" not in data:
             return
         for m in _NCCL_COMM.finditer(data):
-            host, rank, dev = m.group(1).decode(), int(m.group(2)), m.group(3).decode()
+            host, rank, size, dev = m.group(1).decode(), int(m.group(2)), int(m.group(3)), m.group(4).decode()
             where = node or host
             if node is not None:
                 self.hosts.setdefault(host, node)
-            if m.group(4):
-                self.bus_id.setdefault((where, dev), m.group(4).decode())
-            self.ranks.setdefault(rank, Place(node=where, device=dev, rank=rank))
+            if m.group(5):
+                self.bus_id.setdefault((where, dev), m.group(5).decode())
+            self._comms.append((size, Place(node=where, device=dev, rank=rank)))
         for m in _NCCL_BOOTSTRAP.finditer(data):
             host, ip = m.group(1).decode(), m.group(2).decode()
             self.ips.setdefault(ip, Place(node=node or host, ip=ip))

@@ -209,6 +209,18 @@ GROUPED_TABLE = {
             15,
             id="nccl-older-line",
         ),
+        # A sub-communicator (a tensor-parallel pair) numbers its members from 0 again: only the world's
+        # ranks are global ranks.
+        pytest.param(
+            {
+                "h3/rank1.log": "h3:11:12 [1] NCCL INFO comm 0x1 rank 1 nranks 4 cudaDev 1 busId 2b000\n"
+                "h3:11:13 [1] NCCL INFO comm 0x2 rank 0 nranks 2 cudaDev 1 busId 2b000 - Init COMPLETE\n",
+                "h3/worker_rank0.log": "h3:10:12 [0] NCCL INFO comm 0x3 rank 0 nranks 4 cudaDev 0 busId 1a000\n",
+            },
+            ("rank", 0),
+            ("h3", "0"),
+            id="nccl-sub-communicator",
+        ),
         # ... and of recent ones, prefixed with the API (NVIDIA/nccl-tests issue 252).
         pytest.param(
             {
@@ -242,3 +254,35 @@ def test_layout_edge_cases(
     else:
         got = layout.rank_of_bus(str(args[0]), str(args[1]))
     assert got == expected
+
+
+CLUSTER_EXCEPTION = (
+    "[ERROR]HCCL(835695,all_reduce_test):2025-10-23-17:28:06.049.385[task_exception_handler.cc:610][835695]"
+    "Cluster Exception Location[IP/ID]:[127.10.0.1/1], Arrival Time:[Thu Oct 23 17:25:58 2025], "
+    "Discoverer:[127.10.0.1/2], ExceptionType:[Heartbeat Lost Occurred], Possible Reason:1. Process has exited, "
+    "2. Network Disconnected\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("rel", "line", "expected"),
+    [
+        # NCCL's prefix is the reporter's own host: the file's rank stays.
+        pytest.param(
+            "node-b/rank3.log",
+            "gpu-b:5103:5103 [1] NCCL WARN Cuda failure 'an illegal memory access was encountered'\n",
+            ("gpu-b", "1", 3),
+            id="nccl-prefix-is-the-reporter",
+        ),
+        # HCCL names the rank the others waited on: that rank, not the reporter's node and rank.
+        pytest.param("node-a/rank2.log", CLUSTER_EXCEPTION, (None, None, 1), id="cluster-exception-is-elsewhere"),
+    ],
+)
+def test_a_line_naming_another_place_is_that_place(
+    tmp_path: Path, re_engine: Engine, rel: str, line: str, expected: tuple[object, ...]
+) -> None:
+    (tmp_path / rel).parent.mkdir(parents=True)
+    (tmp_path / rel).write_text("step 1 loss 2.0\n" + line, encoding="utf-8")
+    d = diagnose_paths([str(tmp_path)], re_engine)
+    f = d.findings[0]
+    assert (f.node, f.device, f.rank) == expected
