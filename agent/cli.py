@@ -31,6 +31,7 @@ from trainmedic import __version__
 from trainmedic.errors import InputError, RuleLoadError
 
 if TYPE_CHECKING:
+    from agent.config import Role, Settings
     from detectors.engine import Engine
     from trainmedic.models import Diagnosis
 
@@ -362,7 +363,7 @@ def _run(args: argparse.Namespace) -> int:
     return run.main(settings, role)
 
 
-def _run_check(settings: Any, role: Any) -> int:
+def _run_check(settings: Settings, role: Role) -> int:
     """`run --check`: the settings are valid; what will be on and off, and whether that is enough."""
     from agent.health import preflight
 
