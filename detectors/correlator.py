@@ -141,6 +141,8 @@ EXIT_CODES: dict[str, frozenset[str]] = {
     "sigsegv": frozenset({"-11", "139"}),
     "sigabrt": frozenset({"-6", "134"}),
     "sigbus": frozenset({"-7", "135"}),
+    "sigfpe": frozenset({"-8", "136"}),
+    "sigill": frozenset({"-4", "132"}),
     "python_exception": frozenset({"1"}),
     "collective_mismatch": frozenset({"1"}),
 }

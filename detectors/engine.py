@@ -23,6 +23,7 @@ test suite checks fast == re == a naive line-by-line reference on random input.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Iterable, Sequence
@@ -282,7 +283,14 @@ class Engine:
                     marks[j] = self._phases.on_line(lines.get(j)[:MAX_MARKER_LINE])
                 return marks[j]
 
-            f.fault_class = self._phases.resolve(f.fault_class, lines.get(idx), neighbour)
+            resolved = self._phases.resolve(f.fault_class, lines.get(idx), neighbour)
+            last = f.last_line_no - first_line if f.last_line_no is not None else idx
+            if resolved is not FaultClass.COMM_INIT and idx < last < n_lines:
+                # The same message folded from several lines (each rank printing it, interleaved):
+                # one occurrence whose traceback frames name an init call settles them all, since
+                # the first copy printed may have lost its frames to another rank's output.
+                resolved = self._phases.resolve(f.fault_class, lines.get(last), functools.partial(neighbour, idx=last))
+            f.fault_class = resolved
 
     def _wrapped_candidates(
         self, body: bytes, nl: np.ndarray[Any, Any], lines: _Lines
