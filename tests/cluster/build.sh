@@ -36,17 +36,17 @@ if [ ! -x "$bin/kwok" ]; then
 	mv "$tmp/kwok" "$bin/kwok"
 	rmdir "$tmp"
 fi
-# KWOK's stock stages (the ones kwokctl gives its clusters): node initialisation, the heartbeat that
-# goes with node leases, and the pod lifecycle (ready, complete, delete), from KWOK's own module.
+# KWOK's stock stages (the ones kwokctl gives its clusters), from KWOK's own module: node
+# initialisation, the heartbeat that goes with node leases, pods made ready and deleted. Not its
+# pod-complete stage, which finishes a Job's pods at once: training pods run until deleted.
+# Written every time (cheap), so a change here always reaches the file.
 stages=$cache/kwok-stages.yaml
-if [ ! -s "$stages" ]; then
-	src=$(go env GOMODCACHE)/sigs.k8s.io/kwok@$kwok_version/kustomize/stage
-	[ -d "$src" ] || (cd / && go mod download "sigs.k8s.io/kwok@$kwok_version")
-	for f in node/fast/node-initialize.yaml node/heartbeat-with-lease/node-heartbeat-with-lease.yaml \
-		pod/fast/pod-ready.yaml pod/fast/pod-complete.yaml pod/fast/pod-delete.yaml; do
-		echo "---"
-		cat "$src/$f"
-	done >"$stages.tmp"
-	mv "$stages.tmp" "$stages"
-fi
+src=$(go env GOMODCACHE)/sigs.k8s.io/kwok@$kwok_version/kustomize/stage
+[ -d "$src" ] || (cd / && go mod download "sigs.k8s.io/kwok@$kwok_version")
+for f in node/fast/node-initialize.yaml node/heartbeat-with-lease/node-heartbeat-with-lease.yaml \
+	pod/fast/pod-ready.yaml pod/fast/pod-delete.yaml; do
+	echo "---"
+	cat "$src/$f"
+done >"$stages.tmp"
+mv "$stages.tmp" "$stages"
 echo "$bin"
