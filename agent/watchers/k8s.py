@@ -1583,16 +1583,33 @@ class PodHandler(Handler):
 
 
 class EventHandler(Handler):
-    """core/v1 Events -> K8sEvent, de-duplicated by uid + count; old events recorded, not published."""
+    """core/v1 Events -> K8sEvent, de-duplicated by uid + count; old events recorded, not published,
+    and so are events from before the agent started about pods that are gone."""
 
     def __init__(self, publisher: Publisher, jobs: JobIndex, settings: WatchSettings) -> None:
         self.publisher = publisher
         self.jobs = jobs
         self.settings = settings
         self.seen: OrderedDict[str, int] = OrderedDict()
+        self.started = time.time()
 
     def key(self, obj: Mapping[str, Any]) -> str | None:
         return _str(_get(obj, "metadata", "uid")) or object_key(obj)
+
+    def _history(self, obj: Mapping[str, Any], when: float | None) -> bool:
+        """An event from before this agent started about a pod the index does not hold: the pod is
+        gone, and so is what the event said (a NodeNotReady the node lifecycle controller recorded on
+        a pod since deleted, replayed by the first list after a restart). Recorded, not published."""
+        # Event times have whole seconds (lastTimestamp): one second of slack.
+        if when is None or when >= self.started - 1.0:
+            return False
+        inv = _map(obj.get("involvedObject")) or _map(obj.get("regarding"))
+        if _str(inv.get("kind")) != "Pod":
+            return False
+        uid, name = _str(inv.get("uid")), _str(inv.get("name"))
+        namespace = _str(inv.get("namespace")) or _str(_get(obj, "metadata", "namespace")) or "default"
+        known = (self.jobs.pod_by_uid(uid) if uid else None) or (self.jobs.pod(namespace, name) if name else None)
+        return known is None
 
     def keys(self, namespace: str | None) -> list[str]:
         return []  # events that disappear expired (TTL): nothing to publish
@@ -1609,7 +1626,7 @@ class EventHandler(Handler):
             return
         when = event_time(obj)
         fresh = when is None or time.time() - when <= self.settings.event_max_age_s
-        if fresh:
+        if fresh and not self._history(obj, when):
             await self.publisher.publish(k8s_event(obj, self.jobs))
         self.seen[key] = count
         self.seen.move_to_end(key)
