@@ -194,10 +194,11 @@ class KubePlane:
         p.start()
         return p
 
-    def _apiserver_argv(self) -> list[str]:
+    def _apiserver_argv(self, *, watch_cache: bool = True) -> list[str]:
         k = self.pki
         return [
             str(self.bin / "kube-apiserver"),
+            *([] if watch_cache else ["--watch-cache=false"]),
             f"--etcd-servers={self.etcd_url}",
             "--bind-address=127.0.0.1",
             "--advertise-address=127.0.0.1",
@@ -350,10 +351,11 @@ class KubePlane:
             if p is not None:
                 p.stop()
 
-    def restart_apiserver(self, timeout: float = 60.0) -> None:
-        """Stop the API server and start it again on the same port and etcd."""
+    def restart_apiserver(self, timeout: float = 60.0, *, watch_cache: bool = True) -> None:
+        """Stop the API server and start it again on the same port and etcd. Without its watch cache,
+        watches are served by etcd itself (and the API server sends no bookmarks on shutdown)."""
         self.procs["kube-apiserver"].stop()
-        self._proc("kube-apiserver", self._apiserver_argv())
+        self._proc("kube-apiserver", self._apiserver_argv(watch_cache=watch_cache))
         self.wait_apiserver(timeout)
 
     def wait_apiserver(self, timeout: float = 60.0) -> None:
