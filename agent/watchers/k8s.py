@@ -1238,6 +1238,7 @@ class Reflector:
         self._missing_logged = False
         self._listed = False  # a list has succeeded: the credentials and RBAC were fine then
         self._refused = 0  # refusals (401/403) since the last successful list
+        self._transient = False  # the last error was a refusal retried as transient
         self.stream: LineStream[dict[str, Any]] | None = None
 
     # -- helpers -----------------------------------------------------------------------------------
@@ -1291,6 +1292,7 @@ class Reflector:
                 self.state = "watching"
                 started = loop.time()
                 got = await self._watch()
+                self._refused = 0  # the watch was accepted
                 if self._rv is None:
                     # The server does not version objects: a bare re-watch could miss deletions.
                     need_list = True
@@ -1307,7 +1309,9 @@ class Reflector:
                     raise
                 need_list = need_list or self._rv is None
                 attempt = await self._handle_error(err, attempt)
-                if isinstance(err, ResourceGone | PermanentWatchError):
+                # A refusal retried as transient keeps the resourceVersion: the watch resumes from it
+                # (a restarted API server is not made to list everything again for nothing).
+                if isinstance(err, ResourceGone) or (isinstance(err, PermanentWatchError) and not self._transient):
                     need_list = True
 
     def _what(self) -> str:
@@ -1316,6 +1320,7 @@ class Reflector:
 
     async def _handle_error(self, err: WatchError, attempt: int) -> int:
         s = self.settings
+        self._transient = False
         if isinstance(err, ResourceGone):
             self.relists += 1
             self.telemetry.watch_relists.labels(resource=self.spec.name).inc()
@@ -1340,6 +1345,7 @@ class Reflector:
                 # It worked before: most likely an API server still filling its caches after a
                 # restart, which refuses everyone for a few seconds. Retry soon before giving up.
                 self._refused += 1
+                self._transient = True
                 delay = self.backoff(self._refused - 1)
                 log.warning("%s: %s; it was allowed before, retrying in %.1f s", self.name, err, delay)
                 await asyncio.sleep(delay)
