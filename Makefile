@@ -6,7 +6,10 @@
 #   make cluster the real Kubernetes control plane for tests/realplane (kube-apiserver,
 #                kube-controller-manager, kube-scheduler, etcd and KWOK built with Go), once per
 #                version (make test does it)
+#   make helm    helm built from its Go module, for the chart's tests, once per version (make test does it)
 #   make bench   throughput and latency figures as one JSON object (bench/results.json)
+#   make soak    the daemon under sustained load (bench/soak.py): RSS slope, loop lag, state gauges
+#                (SOAK_ARGS to change it, e.g. SOAK_ARGS="--minutes 3 --warmup-s 90"); not part of test
 
 PYTHON ?= python3
 VENV   ?= .venv
@@ -26,7 +29,7 @@ KUBE_VERSION := $(shell awk '$$1 == "k8s.io/kubernetes" { print $$2 } $$1 == "re
 KUBE_HOME    := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/trainmedic/kube-$(KUBE_VERSION)
 KUBE_STAMP   := $(KUBE_HOME)/bin/.built-$(shell cat $(KUBE_DIR)/go.mod $(KUBE_DIR)/go.sum $(KUBE_DIR)/build.sh $(KUBE_DIR)/etcd/main.go | sha256sum | cut -c1-12)
 
-.PHONY: all venv servers kafka cluster check lint types test demo bench clean
+.PHONY: all venv servers kafka cluster helm check lint types test demo bench soak clean
 
 all: test
 
@@ -77,6 +80,19 @@ $(KUBE_STAMP): $(KUBE_DIR)/go.mod $(KUBE_DIR)/go.sum $(KUBE_DIR)/build.sh $(KUBE
 	$(KUBE_DIR)/build.sh
 	@touch $@
 
+# helm for tests/test_helm.py (helm lint, helm template of deploy/helm/trainmedic), built from its Go
+# module once per version into a cache directory (a few CPU-minutes the first time).
+HELM_VERSION := v3.19.0
+HELM_HOME    := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/trainmedic/helm-$(HELM_VERSION)
+
+helm: $(HELM_HOME)/helm
+
+$(HELM_HOME)/helm:
+	@command -v go >/dev/null || { echo "make helm needs Go"; exit 1; }
+	@rm -rf $(HELM_HOME).tmp && mkdir -p $(HELM_HOME).tmp
+	GOBIN=$(HELM_HOME).tmp go install -ldflags "-s -w" helm.sh/helm/v3/cmd/helm@$(HELM_VERSION)
+	@mkdir -p $(HELM_HOME) && mv $(HELM_HOME).tmp/helm $@ && rm -rf $(HELM_HOME).tmp
+
 lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
@@ -86,7 +102,7 @@ types: venv
 
 check: lint types
 
-test: check servers kafka cluster
+test: check servers kafka cluster helm
 	$(VENV)/bin/trainmedic rules test
 	$(PY) -m pytest -q
 
@@ -97,6 +113,12 @@ demo: venv
 
 bench: venv
 	@$(PY) bench/run.py
+
+# 30 minutes at 20,000 lines/s with 20 new faulting jobs/s through `run --role all`'s brain and
+# memory bus; merges its figures into bench/results.json.
+SOAK_ARGS ?=
+soak: venv
+	@$(PY) -m bench.soak --results bench/results.json $(SOAK_ARGS)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache build *.egg-info

@@ -80,9 +80,9 @@ from agent.jobindex import JobIndex
 from agent.store import Incident, IncidentStatus, IncidentStore, StoreError
 from agent.telemetry import Telemetry
 from agent.watchers.metrics import device_of, node_of
-from detectors.correlator import correlate
-from detectors.diagnose import Layout, attribute, known_nodes, make_engine
+from detectors.diagnose import attribute, correlate_placed, make_engine
 from detectors.engine import Engine
+from detectors.layout import Layout
 from detectors.metric_rules import RULES_BY_METRIC, Kind
 from trainmedic.errors import InputError, RuleLoadError, TrainmedicError
 from trainmedic.events import Event, K8sEvent, MetricBatch, MetricSample, Topic, event_key
@@ -270,6 +270,13 @@ class IncidentList(BaseModel):
     incidents: list[IncidentOut]
 
 
+class PlaceOut(BaseModel):
+    place: str
+    node: str | None = None
+    device: str | None = None
+    rank: int | None = None
+
+
 class RootCauseOut(BaseModel):
     fault_class: str
     chip: str
@@ -284,6 +291,9 @@ class RootCauseOut(BaseModel):
     # Communication faults: the wait chain ending at the root, or the candidates when it is undecided.
     chain: list[str] = []
     candidates: list[str] = []
+    # The same places with their node, device and rank where the logs say them.
+    chain_places: list[PlaceOut] = []
+    candidate_places: list[PlaceOut] = []
 
 
 class FindingOut(BaseModel):
@@ -296,6 +306,9 @@ class FindingOut(BaseModel):
     text: str
     file: str | None = None
     count: int
+    node: str | None = None
+    device: str | None = None
+    rank: int | None = None
 
 
 class DiagnoseResult(BaseModel):
@@ -601,12 +614,12 @@ def diagnose_blobs(blobs: Sequence[tuple[str, bytes]], engine: Engine) -> Diagno
     findings: list[Finding] = []
     ranks: dict[int, str | None] = {}
     lines = 0
-    layout = Layout([name for name, _ in blobs], "")
+    layout = Layout([name for name, _ in blobs], "", blobs)
     for name, data in blobs:
         found, n = engine.scan_stream(io.BytesIO(data), file=name)
         findings.extend(attribute(found, name, "", ranks, layout))
         lines += n
-    return correlate(findings, lines_scanned=lines, ranks_seen=ranks, rank_nodes=known_nodes(ranks))
+    return correlate_placed(findings, lines, ranks, [layout])
 
 
 def _name(raw: str | None, index: int) -> str:

@@ -34,8 +34,10 @@ and downstream steps de-duplicate on it.
 Nothing lost: an input record is committed once the work it caused is durable. A record that
 produced no finding is done at once; one that produced findings is held by its window until the
 final diagnosis is published, so a brain that dies mid-window leaves those offsets uncommitted and
-the next owner replays them. Malformed, oversized or unknown-schema messages go to the DLQ. Events
-seen twice (a replay, or a kernel line fanned out to one job twice) are skipped by (id, key).
+the next owner replays them (on a bus that outlives the process: over the in-process bus of
+`--role all` nothing could replay them, and nothing is held). Malformed, oversized or
+unknown-schema messages go to the DLQ. Events seen twice (a replay, or a kernel line fanned out
+to one job twice) are skipped by (id, key).
 """
 
 from __future__ import annotations
@@ -128,6 +130,18 @@ class BrainSettings:
     error_lines_per_rank: int = 20
     error_ranks_per_job: int = 64
     error_jobs: int = 1_000
+    # Bounded state (docs/architecture.md, "State and eviction"). Everything the brain keeps per
+    # job (hang streams, pods' running state, error lines, exit codes, terminations taken, node
+    # lines) goes `job_grace_s` after the job ended (its workload finished or was deleted, or its
+    # last pod was deleted): late lines of the same failure still find it. A key with no event at
+    # all for `idle_s` goes too (a job whose end was never seen), and so does a node's kernel tail.
+    job_grace_s: float = 120.0
+    idle_s: float = 6 * 3600.0
+    # How often the sweep that applies these rules runs (amortised; on the tick).
+    sweep_s: float = 10.0
+    # Processing runs in slices of about this long, then yields to the loop (the tailers and the
+    # responder share it in `--role all`).
+    slice_s: float = 0.010
 
 
 @dataclass
@@ -154,6 +168,33 @@ _ERROR_LINE = re.compile(
     r"Segmentation fault|Aborted|\bE\d{4} \d\d:"
 )
 _ERROR_LINE_MAX = 500
+# The same alternatives without the leading word boundaries (checked on the two that have one):
+# searched over a whole batch at once, about ten times faster than `_ERROR_LINE` line by line.
+_ERROR_HINT = re.compile(
+    r"Traceback|Error\b|ERROR|Exception\b|FATAL|Fatal|Killed|Segmentation fault|Aborted|"
+    r"exit(?:ed|code| code| status)|E\d{4} \d\d:"
+)
+
+
+def error_lines_of(lines: Sequence[str]) -> list[str]:
+    """The lines `_ERROR_LINE` finds, in order, found in one pass over the joined batch."""
+    text = "\n".join(lines)
+    out: list[str] = []
+    taken = -1  # end of the last line taken
+    for m in _ERROR_HINT.finditer(text):
+        start = m.start()
+        if start < taken:
+            continue
+        if start > 0 and (text[start] == "e" or text[start + 1].isdigit()):
+            before = text[start - 1]
+            if before.isalnum() or before == "_":
+                continue  # `exit...` and `E1234 12:` start a word
+        begin = text.rfind("\n", 0, start) + 1
+        end = text.find("\n", start)
+        end = len(text) if end < 0 else end
+        out.append(text[begin:end])
+        taken = end
+    return out
 
 
 def _fold_key(f: Finding) -> tuple[object, ...]:
@@ -197,7 +238,11 @@ class Brain:
         self.metric_rules = metric_rules if metric_rules is not None else MetricRules()
         self.windows: dict[str, _Window] = {}
         self.tracker = OffsetTracker()
-        self._seen: OrderedDict[tuple[str, str], None] = OrderedDict()
+        # Event (id, key) hashes read lately (a replay or a fan-out read twice is skipped): two
+        # generations of `dedup_size` / 2 each (the newer fills, then replaces the older), so the
+        # newest `dedup_size` / 2 at least are always remembered; a hash is an int, not two strings.
+        self._seen: set[int] = set()
+        self._seen_old: set[int] = set()
         self._job_pods_running: dict[str, dict[str, bool]] = {}
         self._assignment: set[TopicPartition] = set()
         self.ready = asyncio.Event()
@@ -209,8 +254,14 @@ class Brain:
         # job key -> rank label -> its last error-looking lines; job key -> "<pod>/<container>" -> exit code.
         self.error_lines: OrderedDict[str, dict[str, deque[str]]] = OrderedDict()
         self.exit_codes: OrderedDict[str, dict[str, int]] = OrderedDict()
-        # Container terminations already turned into lines (pod uid, container, end time).
-        self._terminations: OrderedDict[str, None] = OrderedDict()
+        # Container terminations already turned into lines, per key (pod uid, container, end time).
+        self._terminations: dict[str, set[str]] = {}
+        # Per event key: the time its last event was read (idle eviction); keys whose job ended, and when.
+        self._last_seen: dict[str, float] = {}
+        self._ended: dict[str, float] = {}
+        self._last_sweep = 0.0
+        # Jobs and nodes let go by the sweeps so far (tests, telemetry).
+        self.evicted = 0
         # (job key, node, node_status line) already taken.
         self._node_lines_seen: OrderedDict[tuple[str, str, str], None] = OrderedDict()
         # (job key, node) of node failures a closed diagnosis of the job already reported.
@@ -235,9 +286,14 @@ class Brain:
                     timeout_ms=self.settings.poll_ms, max_records=self.settings.max_records
                 )
                 self._check_assignment(consumer.assignment())
+                started = time.perf_counter()
                 for record in records:
                     await self._handle(record)
                     self._read_until = max(self._read_until, record.timestamp_ms / 1000)
+                    if time.perf_counter() - started >= self.settings.slice_s:
+                        # A slice is done: what else waits on the loop (tailers, responder, API) runs now.
+                        await asyncio.sleep(0)
+                        started = time.perf_counter()
                 now = self.clock()
                 if now - last_tick >= self.settings.tick_s:
                     last_tick = now
@@ -274,13 +330,14 @@ class Brain:
             self.tracker.done(record)
             return
         self.telemetry.events_in.labels(record.topic).inc()
-        seen_key = (event.id, event.key)
-        if seen_key in self._seen:
+        self._last_seen[event.key] = self.clock()
+        seen_key = hash((event.id, event.key))
+        if seen_key in self._seen or seen_key in self._seen_old:
             self.tracker.done(record)
             return
-        self._seen[seen_key] = None
-        if len(self._seen) > self.settings.dedup_size:
-            self._seen.popitem(last=False)
+        self._seen.add(seen_key)
+        if len(self._seen) >= max(1, self.settings.dedup_size // 2):
+            self._seen_old, self._seen = self._seen, set()
         try:
             findings = self.detect(event)
         except Exception:  # a bug in one detector must not stop the pipeline; the event is set aside
@@ -331,7 +388,7 @@ class Brain:
         if isinstance(p, PodStatus):
             self._pod_running(p, event.time)
             self._keep_exit_codes(p)
-            lines = self._new_pod_lines(p, event.time)
+            lines = self._new_pod_lines(p, event.time, event.key)
             return self._scan(Source.POD_STATUS, lines, [], event, 1, f"pod/{p.namespace}/{p.pod}") if lines else []
         if isinstance(p, K8sEvent):
             return self._scan(Source.K8S_EVENT, [k8s_event_line(p)], [], event, 1, "events")
@@ -339,6 +396,9 @@ class Brain:
             if p.deleted or (p.phase in _TERMINAL_WORKLOAD):
                 self.hang.observe_job(p.job.key, False, event.time)
                 self._job_pods_running.pop(p.job.key, None)
+                self._ended.setdefault(p.job.key, self.clock())
+            else:
+                self._ended.pop(p.job.key, None)
             lines = workload_status_lines(p)
             return (
                 self._scan(Source.K8S_EVENT, lines, [], event, 1, f"{p.job.kind}/{p.job.namespace}/{p.job.name}")
@@ -378,16 +438,20 @@ class Brain:
             lines.append(line)
         return self._scan(Source.K8S_EVENT, lines, [], event, 1, f"node/{p.node}") if lines else []
 
-    def _new_pod_lines(self, p: PodStatus, t: float) -> list[str]:
+    def _new_pod_lines(self, p: PodStatus, t: float, key: str) -> list[str]:
         """The pod's lines, without the terminations already taken (a later change of the pod, its
-        deletion, render them again) and those that ended too long ago."""
+        deletion, render them again) and those that ended too long ago. Kept per key (the job),
+        forgotten with it; at most `dedup_size` per key."""
         lines = []
+        taken = self._terminations.get(key)
         for ident, line in pod_status_entries(p, now=t, max_age_s=self.settings.termination_max_age_s):
-            if ident in self._terminations:
+            if taken is None:
+                taken = self._terminations[key] = set()
+            if ident in taken:
                 continue
-            self._terminations[ident] = None
-            if len(self._terminations) > self.settings.dedup_size:
-                self._terminations.popitem(last=False)
+            if len(taken) >= self.settings.dedup_size:
+                taken.clear()
+            taken.add(ident)
             lines.append(line)
         return lines
 
@@ -402,7 +466,7 @@ class Brain:
         return slot
 
     def _keep_error_lines(self, job_key: str, rank: str, lines: Sequence[str]) -> None:
-        errors = [line[:_ERROR_LINE_MAX] for line in lines if _ERROR_LINE.search(line)]
+        errors = [line[:_ERROR_LINE_MAX] for line in error_lines_of(lines)]
         if not errors:
             return
         ranks = self._job_slot(self.error_lines, job_key)
@@ -446,12 +510,24 @@ class Brain:
     def _pod_running(self, p: PodStatus, t: float) -> None:
         if p.job is None:
             return
-        pods = self._job_pods_running.setdefault(p.job.key, {})
+        key = p.job.key
+        pods = self._job_pods_running.get(key)
         if p.deleted:
-            pods.pop(p.pod, None)
+            if pods is not None:
+                pods.pop(p.pod, None)
+            if not pods:
+                # The job's last pod is gone: it ended (a workload status may say so too).
+                self._job_pods_running.pop(key, None)
+                self._ended.setdefault(key, self.clock())
+                self.hang.observe_job(key, False, t)
+                return
         else:
+            if pods is None:
+                pods = self._job_pods_running[key] = {}
             pods[p.pod] = p.phase in _RUNNING_PHASES
-        self.hang.observe_job(p.job.key, any(pods.values()), t)
+            if p.phase in _RUNNING_PHASES:
+                self._ended.pop(key, None)
+        self.hang.observe_job(key, any(pods.values()), t)
 
     def _scan(
         self,
@@ -512,7 +588,11 @@ class Brain:
             )
         w.last_added = now
         if record is not None:
-            w.held.setdefault(record.tp, []).append(record.offset)
+            if self.bus.replays:
+                w.held.setdefault(record.tp, []).append(record.offset)
+            else:
+                # Nothing would replay it after a crash (an in-process bus): not held.
+                self.tracker.done(record)
         if event.id not in w.evidence:
             w.evidence.append(event.id)
         for f in findings:
@@ -581,6 +661,9 @@ class Brain:
         A brain that is behind on its input (unread records) judges silences at the time it has read
         up to, not the wall clock: lines still waiting on the bus are not a hang."""
         check_at = min(now, self._read_until) if behind and self._read_until > 0 else now
+        if now - self._last_sweep >= self.settings.sweep_s:
+            self._last_sweep = now
+            self.sweep(now)
         for f in self.hang.check(check_at):
             job_key = f.groups.get("job_key") or (f"job:{f.namespace}/{f.job}" if f.job else None)
             key = job_key or (node_key(f.node) if f.node else "cluster")
@@ -595,6 +678,68 @@ class Brain:
             await self.bus.flush()
             for tp, offsets in w.held.items():
                 self.tracker.done_offsets(tp, offsets)
+
+    # -- bounded state --------------------------------------------------------------------------------
+
+    def sweep(self, now: float) -> int:
+        """Let go of the state of keys whose job ended more than `job_grace_s` ago, of keys with no
+        event for `idle_s`, and of kernel tails of nodes silent for `idle_s`. An open window keeps
+        its key. Returns how many keys went."""
+        grace, idle = self.settings.job_grace_s, self.settings.idle_s
+        gone = [k for k, t in self._ended.items() if now - t >= grace and k not in self.windows]
+        gone += [
+            k for k, t in self._last_seen.items() if now - t >= idle and k not in self.windows and k not in self._ended
+        ]
+        if gone:
+            self.forget(gone)
+        stale = [n for n, tail in self.kernel_tail.items() if not tail or now - tail[-1][0] >= idle]
+        for node in stale:
+            del self.kernel_tail[node]
+        self.evicted += len(gone) + len(stale)
+        return len(gone)
+
+    def forget(self, keys: Sequence[str]) -> None:
+        """Drop everything kept about these keys (jobs, or node / pod keys without one)."""
+        drop = set(keys)
+        for key in drop:
+            self._ended.pop(key, None)
+            self._last_seen.pop(key, None)
+            self._job_pods_running.pop(key, None)
+            self._terminations.pop(key, None)
+            self.error_lines.pop(key, None)
+            self.exit_codes.pop(key, None)
+            self.hang.forget(key)
+        self.metric_rules.forget_jobs(drop)
+        for k in [k for k in self._node_lines_seen if k[0] in drop]:
+            del self._node_lines_seen[k]
+        for lost in [k for k in self._lost_nodes if k[0] in drop]:
+            del self._lost_nodes[lost]
+
+    def state_sizes(self) -> dict[str, int]:
+        """Entries per kind of state held (`trainmedic_state_entries{kind=...}`)."""
+        return {
+            "brain_windows": len(self.windows),
+            "brain_keys": len(self._last_seen),
+            "brain_jobs_ended": len(self._ended),
+            "brain_dedup": len(self._seen) + len(self._seen_old),
+            "brain_jobs_running": len(self._job_pods_running),
+            "brain_terminations": sum(len(v) for v in self._terminations.values()),
+            "brain_error_lines_jobs": len(self.error_lines),
+            "brain_exit_codes_jobs": len(self.exit_codes),
+            "brain_node_lines": len(self._node_lines_seen),
+            "brain_lost_nodes": len(self._lost_nodes),
+            "brain_kernel_tail_nodes": len(self.kernel_tail),
+            "brain_kernel_tail_lines": sum(len(t) for t in self.kernel_tail.values()),
+            "brain_kernel_ids": len(self._kernel_ids),
+            "brain_offsets_open": self.tracker.open_count(),
+            "hang_jobs": len(self.hang.jobs()),
+            "metric_tracks": self.metric_rules.size(),
+        }
+
+    def report(self) -> None:
+        """Set the state gauges (called on each /metrics scrape)."""
+        for kind, n in self.state_sizes().items():
+            self.telemetry.state_entries.labels(kind).set(n)
 
     def _closed(self, w: _Window) -> None:
         if w.job is None:

@@ -3,15 +3,16 @@
     trainmedic diagnose (--logs PATH [PATH ...] | --scene DIR) [--format text|json|markdown] [--lang en|zh]
     trainmedic rules lint|test|list [--rules DIR ...]
     trainmedic run [--config FILE] [--role node|cluster|brain|all] [--check]
-    trainmedic incidents [ID] [--status S] [--format text|json] [--store FILE]
+    trainmedic incidents [ID] [--status S] [--format text|json] [--utc] [--store FILE]
     trainmedic approve ID [--reject] [--by NAME] [--comment TEXT] [--store FILE]
     trainmedic report ID [--format md|html] [--lang en|zh] [--store FILE | --config FILE] [--out FILE]
     trainmedic release-node NODE [--incident ID] [--kubeconfig FILE]
     trainmedic demo [--fault xid|oom|hccl|hang|node-lost|app-error|all] [--json] [--lang en|zh] [--workdir DIR]
     trainmedic config reference | show [--config FILE]
-    trainmedic version
+    trainmedic version | --version
 
-Exit codes: 0 done (whether or not a fault was found); 1 rule problems (`rules lint/test`);
+Exit codes: 0 done (whether or not a fault was found); 1 rule problems (`rules lint/test`) or a failed
+`run --check`;
 2 input or usage that cannot be used, with a one-line reason on stderr.
 """
 
@@ -30,6 +31,7 @@ from trainmedic import __version__
 from trainmedic.errors import InputError, RuleLoadError
 
 if TYPE_CHECKING:
+    from agent.config import Role, Settings
     from detectors.engine import Engine
     from trainmedic.models import Diagnosis
 
@@ -52,6 +54,7 @@ def _default_lang() -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="trainmedic", description="Fault diagnosis for AI training jobs.")
+    parser.add_argument("--version", action="version", version=f"trainmedic {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     def rules_option(p: argparse.ArgumentParser) -> None:
@@ -111,7 +114,12 @@ def build_parser() -> argparse.ArgumentParser:
         default="all",
         help="node: logs, kernel, devices; cluster: Kubernetes, Prometheus; brain: detectors; all: one process",
     )
-    run.add_argument("--check", action="store_true", help="validate the settings for the role and exit")
+    run.add_argument(
+        "--check",
+        action="store_true",
+        help="validate the settings, list every source and capability (on, or off and why), reach the "
+        "Kafka brokers and the checkpoint mounts, and exit (1 when the agent would be useless)",
+    )
 
     def store_option(p: argparse.ArgumentParser) -> None:
         p.add_argument("--config", type=Path, default=None, metavar="FILE", help="settings YAML (for the store path)")
@@ -121,6 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
     inc.add_argument("incident", nargs="?", default=None, help="an incident id (a unique prefix is enough)")
     inc.add_argument("--status", default=None, help="only incidents with this status (e.g. awaiting_approval)")
     inc.add_argument("--format", choices=("text", "json"), default="text")
+    inc.add_argument("--utc", action="store_true", help="times in UTC (default: the local time zone, RFC 3339)")
     store_option(inc)
 
     ap = sub.add_parser("approve", help="approve (or reject) a remediation plan awaiting approval")
@@ -348,11 +357,31 @@ def _run(args: argparse.Namespace) -> int:
             print(f"trainmedic: config: {p}", file=sys.stderr)
         return EXIT_UNUSABLE
     if args.check:
-        print(f"config OK for role {role.value}")
-        return EXIT_OK
+        return _run_check(settings, role)
     from agent import run
 
     return run.main(settings, role)
+
+
+def _run_check(settings: Settings, role: Role) -> int:
+    """`run --check`: the settings are valid; what will be on and off, and whether that is enough."""
+    from agent.health import preflight
+
+    checks = preflight(settings, role)
+    print(f"trainmedic {__version__}, role {role.value}, bus {settings.bus.kind}")
+    for c in checks:
+        print(terminal_safe(c.line()))
+    failed = [c for c in checks if c.level == "fail"]
+    if failed:
+        print(
+            f"check FAILED: {len(failed)} problem(s) above; the agent would not be useful as configured\n"
+            f"检查未通过：上面有 {len(failed)} 个问题；按当前配置代理无法正常工作",
+            file=sys.stderr,
+        )
+        return EXIT_PROBLEMS
+    off = sum(c.level == "off" for c in checks)
+    print(f"check OK for role {role.value} ({off} off, see above)\n检查通过：角色 {role.value}（{off} 项关闭，见上）")
+    return EXIT_OK
 
 
 def _rules(args: argparse.Namespace) -> int:
@@ -419,7 +448,7 @@ def _incidents(args: argparse.Namespace) -> int:
         if args.command == "approve":
             incident = store.approve(args.incident, by=args.by, approve=not args.reject, comment=args.comment)
             verb = "rejected" if args.reject else "approved"
-            print(f"{incident.id}: {verb} by {args.by}; status {incident.status.value}")
+            _out(f"{incident.id}: {verb} by {args.by}; status {incident.status.value}")
             if not args.reject:
                 print("the agent that owns the job carries out the plan at its next pass (within seconds)")
             return EXIT_OK
@@ -430,7 +459,7 @@ def _incidents(args: argparse.Namespace) -> int:
                 json.dump(data, sys.stdout, ensure_ascii=False, indent=2)
                 sys.stdout.write("\n")
             else:
-                _print_incident(data)
+                _print_incident(data, utc=args.utc)
             return EXIT_OK
         incidents = store.recent(status=args.status)
     except StoreError as exc:
@@ -442,8 +471,9 @@ def _incidents(args: argparse.Namespace) -> int:
         return EXIT_OK
     for i in incidents:
         where = f"{i.namespace}/{i.job}" if i.job else i.key
-        print(
-            f"{i.id}  {i.status.value:<18} {i.fault_class or '-':<16} {i.code or '-':<12} {where}  node={i.node or '-'}"
+        _out(
+            f"{i.id}  {when(i.created, utc=args.utc)}  {i.status.value:<18} {i.fault_class or '-':<16} "
+            f"{i.code or '-':<12} {where}  node={i.node or '-'}"
         )
     return EXIT_OK
 
@@ -480,22 +510,37 @@ def _report(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _print_incident(data: dict[str, Any]) -> None:
-    print(f"incident {data['id']}  ({data['status']}, mode {data['mode'] or '-'})")
-    print(
-        f"  job: {data['namespace']}/{data['job']}   fault: {data['fault_class']} {data['code']}  node: {data['node']}"
-    )
+def when(t: float | None, *, utc: bool = False) -> str:
+    """An epoch time as RFC 3339 to the second: local time with its offset, or UTC with Z."""
+    from datetime import UTC, datetime
+
+    if t is None:
+        return "-"
+    dt = datetime.fromtimestamp(t, UTC) if utc else datetime.fromtimestamp(t).astimezone()
+    return dt.isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def _out(text: str) -> None:
+    """One line to stdout, without the control characters stored text may carry (log lines, names)."""
+    print(terminal_safe(text))
+
+
+def _print_incident(data: dict[str, Any], *, utc: bool = False) -> None:
+    _out(f"incident {data['id']}  ({data['status']}, mode {data['mode'] or '-'})")
+    _out(f"  created: {when(data.get('created'), utc=utc)}   updated: {when(data.get('updated'), utc=utc)}")
+    job, fault = f"{data['namespace']}/{data['job']}", f"{data['fault_class']} {data['code']}"
+    _out(f"  job: {job}   fault: {fault}  node: {data['node']}")
     if data["scene_dir"]:
-        print(f"  scene: {data['scene_dir']}")
+        _out(f"  scene: {data['scene_dir']}")
     plan = data.get("plan") or {}
     if plan.get("blocked"):
         blocked = plan["blocked"]
-        print(f"  blocked: {blocked.get('en') if isinstance(blocked, dict) else blocked}")
+        _out(f"  blocked: {blocked.get('en') if isinstance(blocked, dict) else blocked}")
     for a in data["actions"]:
         result = a.get("result") or {}
-        print(f"  action {a['seq']}: {a['name']:<24} {a['state']:<10} {json.dumps(result, ensure_ascii=False)[:160]}")
+        _out(f"  action {a['seq']}: {a['name']:<24} {a['state']:<10} {json.dumps(result, ensure_ascii=False)[:160]}")
     for e in data["timeline"]:
-        print(f"  {e['t']:.3f}  {e['kind']}")
+        _out(f"  {when(e['t'], utc=utc)}  {e['kind']}")
 
 
 def _release_node(args: argparse.Namespace) -> int:

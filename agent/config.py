@@ -117,6 +117,12 @@ class DetectSettings(_Group):
     tick_s: float = Field(
         1.0, gt=0, le=60, description="How often closed windows are published and silent jobs checked for a hang."
     )
+    job_grace_s: float = Field(
+        120.0, gt=0, description="What the brain keeps about a job is let go this long after the job ended."
+    )
+    idle_s: float = Field(
+        21_600.0, gt=0, description="What the brain keeps about a job (or node) with no event for this long is let go."
+    )
 
 
 class RemediateSettings(_Group):
@@ -136,6 +142,27 @@ class RemediateSettings(_Group):
         description="Checkpoint paths as jobs declare them -> where this agent mounts them (prefix map).",
     )
     wait_gone_s: float = Field(120.0, gt=0, description="How long a deleted workload may take to disappear.")
+    breaker_settle_s: float = Field(
+        2.0,
+        ge=0,
+        description="Between writing a node's circuit-breaker claim and reading its pool's claims back; longer "
+        "than an API write takes and than the brains' clocks differ, so brains sharing the cluster never "
+        "quarantine more than the pool's share between them.",
+    )
+    max_concurrent: int = Field(
+        16, ge=1, le=1024, description="Incidents of different jobs handled at once (each job's stay serial)."
+    )
+    max_pending: int = Field(
+        200,
+        ge=1,
+        description="Diagnoses waiting for a turn; past it the oldest are handled observe-only, with a note why.",
+    )
+    node_conditions: bool | None = Field(
+        None,
+        description="A node-level fault becomes a Node condition and an Event on the Node "
+        "(node-problem-detector style), cleared when the node is released. null: when the mode acts "
+        "(approve, enforce); true: in every mode; false: never.",
+    )
 
 
 SINK_KINDS = ("cloudevents", "alertmanager", "feishu", "dingtalk", "wecom", "slack")

@@ -57,7 +57,7 @@ from agent.telemetry import Telemetry
 from agent.urlsafe import install_log_filters
 from reports import payloads
 from reports.notice import Notice, NoticeError
-from trainmedic.errors import TrainmedicError
+from trainmedic.errors import PermanentError, TemporaryError
 from trainmedic.events import Event, IncidentEvent
 
 log = logging.getLogger("trainmedic.notify")
@@ -85,7 +85,7 @@ DINGTALK_RETRY_CODES = frozenset({-1, 130101, 90002, 90018})
 WECOM_RETRY_CODES = frozenset({-1, 45009, 45033})
 
 
-class NotifyError(TrainmedicError):
+class NotifyError(PermanentError):
     """The notifier cannot be built as configured (a missing secret)."""
 
 
@@ -101,6 +101,33 @@ class Outcome:
     error: str | None = None
     # Seconds the receiver asked us to wait (Retry-After), when it did.
     retry_after: float | None = None
+
+    def as_error(self) -> DeliveryFailed | DeliveryRefused | None:
+        """What a failed delivery means, in trainmedic.errors' one tree (None: delivered): the
+        notifier acts on that, as every other layer does."""
+        if self.result == "delivered":
+            return None
+        message = self.error or (f"HTTP {self.http}" if self.http is not None else "delivery failed")
+        if self.result == "dead":
+            return DeliveryRefused(message, http=self.http)
+        return DeliveryFailed(message, delay=self.retry_after, http=self.http)
+
+
+class DeliveryFailed(TemporaryError):
+    """A delivery worth trying again (429, 5xx, a timeout, a robot's rate-limit code), after `delay`
+    when the receiver named one (Retry-After), else after the sink's backoff."""
+
+    def __init__(self, message: str, *, delay: float | None = None, http: int | None = None) -> None:
+        super().__init__(message, delay=delay)
+        self.http = http
+
+
+class DeliveryRefused(PermanentError):
+    """The receiver refused the notice for good (any other 4xx, a robot's other codes): it is dead."""
+
+    def __init__(self, message: str, *, http: int | None = None) -> None:
+        super().__init__(message)
+        self.http = http
 
 
 @dataclass
@@ -627,16 +654,17 @@ class Notifier:
         now = self.clock()
         ids = [i.id for i in items]
         digest = len(items) > 1
-        if outcome.result == "delivered":
+        err = outcome.as_error()
+        if err is None:
             r.failures = 0
             self.outbox.delivered(ids, now=now, detail={"http": outcome.http, "digest": len(items)})
             self.telemetry.notifications.labels(sink.name, "delivered").inc(len(items))
             for i in items:
                 self._note(i, "notified", outcome, extra={"digest": len(items)} if digest else None)
             log.debug("notify sink %s: delivered %d notice(s), HTTP %s", sink.name, len(items), outcome.http)
-        elif outcome.result == "dead":
+        elif isinstance(err, PermanentError):
             self.telemetry.webhook_failures.labels(sink.name).inc()
-            self.outbox.dead(ids, error=outcome.error or "permanent error", now=now)
+            self.outbox.dead(ids, error=str(err), now=now)
             self.telemetry.notifications.labels(sink.name, "dead").inc(len(items))
             for i in items:
                 self._note(i, "notify_failed", outcome, extra={"error": outcome.error, "permanent": True})
@@ -644,8 +672,8 @@ class Notifier:
         else:
             self.telemetry.webhook_failures.labels(sink.name).inc()
             r.failures += 1
-            if outcome.retry_after is not None:
-                delay = min(outcome.retry_after, self.settings.retry_max_s)
+            if err.delay is not None:
+                delay = min(err.delay, self.settings.retry_max_s)
             else:
                 delay = backoff_delay(
                     r.failures,
@@ -752,6 +780,8 @@ def build_notifier(
 __all__ = [
     "DEDUP_HEADER",
     "SINK_TYPES",
+    "DeliveryFailed",
+    "DeliveryRefused",
     "Message",
     "Notifier",
     "NotifyError",

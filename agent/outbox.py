@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from reports.notice import Notice, NoticeError
-from trainmedic.errors import TrainmedicError
+from trainmedic.errors import FatalError
 from trainmedic.sqlitedb import immediate, open_durable
 
 # Delivered and dead rows are kept this long (late duplicates of a notice are still dropped).
@@ -66,7 +66,7 @@ MIGRATIONS: tuple[str, ...] = (
 )
 
 
-class OutboxError(TrainmedicError):
+class OutboxError(FatalError):
     """The outbox cannot be used (unreadable file, newer schema, a failed write)."""
 
 

@@ -729,7 +729,10 @@ def _recommendations(
     out: list[dict[str, str]] = []
     if rc is not None and rc.get("hint"):
         out.append(rc["hint"])
-    if rc is not None and rc.get("action"):
+    # "Restart the application" beside a plan that restarts nothing (the policy holds the restart
+    # back, e.g. an out-of-memory that would fail the same way) contradicts the report's own advice.
+    plans_restart = any(a.name in _RESTARTS for a in incident.actions)
+    if rc is not None and rc.get("action") and (rc["action"] != "restart_app" or plans_restart):
         meaning = i18n("normalized", rc["action"])
         if rc.get("vendor_action"):
             out.append(
@@ -772,6 +775,110 @@ def _recommendations(
             seen.add(key)
             unique.append(r)
     return unique
+
+
+# ------------------------------------------------------------------------------------------------
+# The top block: the outcome, what trainmedic did, what a person must still do
+
+
+def _fmt(group: str, key: str, **args: Any) -> dict[str, str]:
+    """<group>.<key> in both languages; an argument may be a {"en", "zh"} pair."""
+    entry = labels()[group][key]
+    return {
+        lang: entry[lang].format(**{k: (v[lang] if isinstance(v, Mapping) else v) for k, v in args.items()})
+        for lang in LANGS
+    }
+
+
+def _outcome_kind(incident: Incident, restarted: bool) -> str:
+    status = incident.status.value
+    if status == "resolved":
+        return "healed" if restarted else "not_restarted"
+    if status == "observed":
+        return "observe_only"
+    if status in ("awaiting_approval", "failed", "rejected", "blocked"):
+        return status
+    return "acting"
+
+
+def _outcome(
+    incident: Incident,
+    rc: Mapping[str, Any] | None,
+    plan: Mapping[str, Any] | None,
+    checkpoint: Mapping[str, Any],
+    where: Mapping[str, Any],
+    bundle: _Bundle,
+) -> dict[str, Any]:
+    """How the incident ended, in words a person reads first: the outcome, what trainmedic did (the
+    node it quarantined, where the job resumed, from which checkpoint and step) and what a person
+    must still do, each with its exact command. The advice depends on the fault class and the
+    outcome only, so two incidents of one kind read the same."""
+    done = {a.name: a for a in incident.actions if a.state.value == "done"}
+    restarted = any(n in done for n in _RESTARTS)
+    kind = _outcome_kind(incident, restarted)
+    node = _str(where.get("node")) or incident.node
+    did: list[dict[str, str]] = []
+    quarantined: str | None = None
+    q = done.get("quarantine_node")
+    if q is not None:
+        quarantined = _str((q.result or {}).get("node")) or _str(q.params.get("node")) or node
+        if quarantined:
+            did.append(_fmt("outcome", "did_quarantine", node=quarantined))
+    restart = done.get("restart_from_checkpoint") or done.get("raise_memory_limit")
+    if restart is not None:
+        used = checkpoint.get("used") if checkpoint.get("kind") == "resumed" else None
+        if isinstance(used, Mapping):
+            excluded = [str(n) for n in (restart.result or {}).get("excluded_nodes") or []]
+            step = used.get("step")
+            did.append(
+                _fmt(
+                    "outcome",
+                    "did_resume",
+                    checkpoint=str(used.get("path")),
+                    step=_fmt("outcome", "did_resume_step", step=step) if step is not None else "",
+                    nodes=_fmt("outcome", "did_resume_nodes", nodes=", ".join(excluded)) if excluded else "",
+                )
+            )
+        elif restart.name == "raise_memory_limit":
+            did.append(_fmt("outcome", "did_memory"))
+        else:
+            did.append(_fmt("outcome", "did_scratch"))
+    if not did:
+        did.append(_fmt("outcome", "did_nothing"))
+
+    job_ref = f"{incident.namespace}/{incident.job}" if incident.job else incident.key
+    fault = i18n("fault_class", incident.fault_class) if incident.fault_class else _i18n("fault", "故障")
+    label = i18n("outcome", kind)
+    headline = _fmt("outcome", "headline", outcome=label, fault=fault, where=node or job_ref)
+
+    now: list[dict[str, Any]] = []
+
+    def add(key: str, command: str | None = None, **args: Any) -> None:
+        now.append({"text": _fmt("now", key, **args), "command": command})
+
+    if kind == "awaiting_approval":
+        add("approve", f"trainmedic approve {incident.id}")
+    elif kind == "observe_only":
+        add("observe", mode=i18n("mode", incident.mode or "observe"))
+    elif kind == "failed":
+        add("failed", f"trainmedic incidents {incident.id}")
+    elif kind == "blocked":
+        add("blocked", reason=_text_pair((plan or {}).get("blocked")) or _i18n("-", "-"))
+    elif kind == "acting":
+        add("acting", f"trainmedic incidents {incident.id}")
+    fault_class = incident.fault_class or "unknown"
+    if fault_class in labels()["now"]:
+        if fault_class == "hang" and not any(f.startswith("stacks") for f in bundle.files):
+            add("unknown")
+        else:
+            add(fault_class, node=node or "-")
+    if quarantined:
+        add("release", f"trainmedic release-node {quarantined} --incident {incident.id}", node=quarantined)
+    if kind == "healed" and incident.job:
+        add("watch", f"kubectl -n {incident.namespace} get {(incident.job_kind or 'job').lower()} {incident.job}")
+    elif kind in ("not_restarted", "observe_only", "failed", "rejected", "blocked") and incident.job:
+        add("resubmit")
+    return {"kind": kind, "label": label, "headline": headline, "did": did, "now": now}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -843,6 +950,7 @@ def report_context(store: IncidentStore, incident_id: str, *, now: float | None 
         "recommendations": _recommendations(incident, rc, plan, bundle),
         "missing": missing,
     }
+    ctx["outcome"] = _outcome(incident, rc, plan, ctx["checkpoint"], ctx["where"], bundle)
     return ctx
 
 

@@ -43,13 +43,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import functools
 import hashlib
 import json
 import logging
 import os
 import re
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -72,13 +72,13 @@ from remediations.errors import (
     TemporaryActionError,
     classify,
 )
-from remediations.kube import KubeError, KubeOps, PermanentKubeError
+from remediations.kube import KubeError, KubeOps, PermanentKubeError, problem_condition
 from remediations.policy import ActionName, Mode, Plan, Policy, PolicyContext
 from remediations.policy_state import PolicyState
 from remediations.scene import SceneInputs, SceneSettings, save_scene
-from remediations.stacks import ExecResult, exec_in_pod
+from remediations.stacks import ExecResult, StackSource, exec_in_pod
 from trainmedic.events import DiagnosisEvent, IncidentEvent, JobRef, Topic, make_event
-from trainmedic.models import I18nText, RootCause
+from trainmedic.models import FaultClass, I18nText, RootCause
 
 if TYPE_CHECKING:
     from agent.notify import Notifier
@@ -98,6 +98,10 @@ _UNSAFE_NAME = re.compile(r"[^A-Za-z0-9._-]")
 _RESTARTS = frozenset({ActionName.RESTART_FROM_CHECKPOINT, ActionName.RAISE_MEMORY_LIMIT})
 
 MetricsRange = Callable[[str, float, float, float], Awaitable[Mapping[str, list[tuple[float, float]]]]]
+
+
+# Faults of the node itself (its accelerator or the node): a Node condition and Event in act mode.
+NODE_LEVEL_FAULTS = frozenset({FaultClass.DEVICE_ERROR.value, FaultClass.NODE_FAILURE.value})
 
 
 @dataclass
@@ -125,17 +129,43 @@ class ResponderSettings:
     # once it is gone (the journal keeps the body).
     gone_deadline_s: float = 3600.0
     approval_poll_s: float = 2.0
+    # Between writing a node's circuit-breaker claim and reading the pool's claims back: longer than
+    # a write takes to land and than the brains' clocks differ (remediations/actions/quarantine_node.py).
+    breaker_settle_s: float = 2.0
+    # A node-level fault as a Node condition and an Event on the Node (node-problem-detector style):
+    # None when the mode acts (approve, enforce); True in every mode; False never.
+    node_conditions: bool | None = None
     # An action that failed temporarily is tried again after this long.
     retry_after_s: float = 10.0
     poll_ms: int = 100
     max_records: int = 100
     # Write report.{en,zh}.{md,html} into the scene directory when an incident settles.
     reports: bool = True
+    # Incidents of different jobs handled at once (each job's stay serial); the API client's
+    # connection pool is sized to it.
+    max_concurrent: int = 16
+    # Diagnoses waiting for a turn. Past it, the oldest waiting one is handled observe-only (its
+    # incident says why), and past twice as many the responder stops reading until it catches up
+    # (the bus holds the rest, bounded): never an unbounded queue.
+    max_pending: int = 200
+    # Incident ids and final statuses remembered in `handled` (tests, the demo).
+    handled_max: int = 10_000
+
+
+@dataclass
+class _Work:
+    """One queued piece of a key's work. `degraded`, when set, is why it runs observe-only."""
+
+    run: Callable[[_Work], Awaitable[Any]]
+    record: Record | None
+    degradable: bool
+    seq: int = 0
+    degraded: str | None = None
 
 
 @dataclass
 class _KeyWorker:
-    queue: asyncio.Queue[tuple[Callable[[], Awaitable[Any]], Record | None]]
+    queue: asyncio.Queue[_Work]
     task: asyncio.Task[None]
 
 
@@ -155,6 +185,7 @@ class Responder:
         kernel_tail: Mapping[str, Sequence[tuple[float, str]]] | None = None,
         metrics_range: MetricsRange | None = None,
         stack_dumper: Callable[..., Awaitable[Mapping[str, Any]]] | None = None,
+        stack_source: StackSource | None = None,
         producer: str = "brain",
         clock: Callable[[], float] = time.time,
         notifier: Notifier | None = None,
@@ -169,6 +200,8 @@ class Responder:
         self.kernel_tail = kernel_tail if kernel_tail is not None else {}
         self.metrics_range = metrics_range
         self.stack_dumper = stack_dumper
+        # Exec and logs for the dump_stacks action (None: the API server's exec through KubeOps).
+        self._stack_source = stack_source
         self.producer = producer
         self.clock = clock
         # Each incident state is queued in the notifier's durable outbox before it is published.
@@ -178,8 +211,15 @@ class Responder:
         self._assignment: set[TopicPartition] = set()
         self._scheduled: set[str] = set()
         self.ready = asyncio.Event()
-        # Completed incident handlings, for tests and the demo: incident id -> final status.
-        self.handled: dict[str, IncidentStatus] = {}
+        # Completed incident handlings, for tests and the demo: incident id -> final status (the newest
+        # `handled_max`).
+        self.handled: OrderedDict[str, IncidentStatus] = OrderedDict()
+        # Work queued and not started, oldest first (seq -> work); the global bound on work in progress.
+        self._waiting: OrderedDict[int, _Work] = OrderedDict()
+        self._queued = 0  # every queued item, degraded ones included
+        self._seq = 0
+        self._slots = asyncio.Semaphore(self.settings.max_concurrent)
+        self.degraded = 0
         self.changed = asyncio.Event()
 
     # -- the consume loop -----------------------------------------------------------------------------
@@ -193,9 +233,14 @@ class Responder:
             self.ready.set()
             last_poll = self.clock()
             while not stop.is_set():
-                records = await consumer.getmany(
-                    timeout_ms=self.settings.poll_ms, max_records=self.settings.max_records
-                )
+                if self._queued >= 2 * self.settings.max_pending:
+                    # Full: what is not read yet waits on the bus (bounded there) until the queue drains.
+                    records = []
+                    await asyncio.sleep(self.settings.poll_ms / 1000)
+                else:
+                    records = await consumer.getmany(
+                        timeout_ms=self.settings.poll_ms, max_records=self.settings.max_records
+                    )
                 self._assignment = consumer.assignment()
                 for record in records:
                     await self._dispatch(record)
@@ -234,34 +279,78 @@ class Responder:
             self.tracker.done(record)
             return
         payload, key, tp = event.payload, event.key, record.tp
-        self._submit(key, lambda: self.handle(payload, key=key, tp=tp), record)
 
-    def _submit(self, key: str, work: Callable[[], Awaitable[Any]], record: Record | None) -> None:
+        def run(work: _Work) -> Awaitable[Incident | None]:
+            return self.handle(payload, key=key, tp=tp, degraded=work.degraded)
+
+        self._submit(key, run, record, degradable=True)
+
+    def _submit(
+        self, key: str, run: Callable[[_Work], Awaitable[Any]], record: Record | None, *, degradable: bool = False
+    ) -> None:
         worker = self._workers.get(key)
         if worker is None or worker.task.done():
-            queue: asyncio.Queue[tuple[Callable[[], Awaitable[Any]], Record | None]] = asyncio.Queue()
+            queue: asyncio.Queue[_Work] = asyncio.Queue()
             task = asyncio.create_task(self._work(key, queue), name=f"trainmedic:respond:{key}")
             worker = self._workers[key] = _KeyWorker(queue, task)
-        worker.queue.put_nowait((work, record))
+        self._seq += 1
+        work = _Work(run, record, degradable, seq=self._seq)
+        if degradable:
+            self._waiting[work.seq] = work
+            self._shed()
+        self._queued += 1
+        worker.queue.put_nowait(work)
 
-    async def _work(self, key: str, queue: asyncio.Queue[tuple[Callable[[], Awaitable[Any]], Record | None]]) -> None:
-        """One key's serial worker; exits when idle (kopf's queueing model)."""
+    def _shed(self) -> None:
+        """Over `max_pending` waiting diagnoses: the oldest are handled observe-only, with the reason."""
+        while len(self._waiting) > self.settings.max_pending:
+            _, oldest = self._waiting.popitem(last=False)
+            oldest.degraded = (
+                f"responder over its bounds: more than {self.settings.max_pending} diagnoses waiting "
+                f"(remediate.max_pending) with {self.settings.max_concurrent} handled at once "
+                "(remediate.max_concurrent); handled observe-only, oldest first"
+            )
+            self.degraded += 1
+            self.telemetry.responder_degraded.inc()
+
+    async def _work(self, key: str, queue: asyncio.Queue[_Work]) -> None:
+        """One key's serial worker; exits when idle (kopf's queueing model). At most
+        `max_concurrent` workers run work at once."""
         while True:
             try:
-                work, record = await asyncio.wait_for(queue.get(), timeout=30.0)
+                work = await asyncio.wait_for(queue.get(), timeout=30.0)
             except TimeoutError:
                 if queue.empty():
                     self._workers.pop(key, None)
                     return
                 continue
             try:
-                await work()
+                async with self._slots:
+                    self._waiting.pop(work.seq, None)
+                    await work.run(work)
             except Exception:  # one incident's bug must not stop the others; it is in the log and the store
                 log.exception("responding for %s failed", key)
             finally:
-                if record is not None:
-                    self.tracker.done(record)
+                self._waiting.pop(work.seq, None)
+                self._queued -= 1
+                if work.record is not None:
+                    self.tracker.done(work.record)
                 queue.task_done()
+
+    def state_sizes(self) -> dict[str, int]:
+        """Entries per kind of state held (`trainmedic_state_entries{kind=...}`)."""
+        return {
+            "responder_workers": len(self._workers),
+            "responder_queued": self._queued,
+            "responder_waiting": len(self._waiting),
+            "responder_scheduled": len(self._scheduled),
+            "responder_handled": len(self.handled),
+            "responder_offsets_open": self.tracker.open_count(),
+        }
+
+    def report(self) -> None:
+        for kind, n in self.state_sizes().items():
+            self.telemetry.state_entries.labels(kind).set(n)
 
     async def drain(self) -> None:
         """Wait for every queued diagnosis to be handled (graceful stop, tests)."""
@@ -280,8 +369,13 @@ class Responder:
     async def resume(self) -> None:
         """Carry on with incidents a previous run of this agent left half way (the journal): actions
         interrupted (a workload deleted but not yet recreated), or a final diagnosis whose scene or
-        plan was not finished (with the memory bus, the diagnosis itself is gone with the process)."""
-        for incident in self.store.unfinished():
+        plan was not finished (with the memory bus, the diagnosis itself is gone with the process).
+
+        Replacement bodies left on disk by a journal that has ended (a crash between its last step
+        and the body's removal) are removed first: env values never outlive the restart."""
+        unfinished = await asyncio.to_thread(self.store.unfinished)
+        self._drop_bodies({_UNSAFE_NAME.sub("_", i.id)[:200] for i in unfinished}, keep=True)
+        for incident in unfinished:
             if self._carrying_on(incident):
                 log.info("resuming incident %s (%s): actions were interrupted", incident.id, incident.key)
                 await self._execute(incident)
@@ -302,7 +396,7 @@ class Responder:
     async def poll_store(self) -> None:
         """Approved plans (a person ran `trainmedic approve`) and actions waiting for a retry, each run
         on its job's worker so it never races with that job's other work."""
-        for incident in self.store.unfinished():
+        for incident in await asyncio.to_thread(self.store.unfinished):
             if not self._carrying_on(incident) or not self.owns(incident):
                 continue
             if incident.id in self._scheduled:
@@ -311,11 +405,16 @@ class Responder:
             if any(float((a.result or {}).get("retry_at") or 0.0) > now for a in incident.actions):
                 continue  # a temporary failure asked to wait
             self._scheduled.add(incident.id)
-            self._submit(incident.key, functools.partial(self._execute_again, incident.id), None)
+            incident_id = incident.id
+
+            def run(_work: _Work, incident_id: str = incident_id) -> Awaitable[None]:
+                return self._execute_again(incident_id)
+
+            self._submit(incident.key, run, None)
 
     async def _execute_again(self, incident_id: str) -> None:
         try:
-            incident = self.store.get(incident_id)
+            incident = await asyncio.to_thread(self.store.get, incident_id)
             if self._carrying_on(incident):
                 await self._execute(incident)
         finally:
@@ -323,7 +422,11 @@ class Responder:
 
     # -- one diagnosis --------------------------------------------------------------------------------
 
-    async def handle(self, d: DiagnosisEvent, *, key: str, tp: TopicPartition | None = None) -> Incident | None:
+    async def handle(
+        self, d: DiagnosisEvent, *, key: str, tp: TopicPartition | None = None, degraded: str | None = None
+    ) -> Incident | None:
+        """One diagnosis. `degraded` (the responder is over its bounds): the incident is opened and
+        settled observe-only at once, with that reason as a note, no scene and no plan."""
         rc = d.diagnosis.root_cause
         job = d.job
         if rc is None:
@@ -351,6 +454,10 @@ class Responder:
             # The ops side hears of the incident at once (status open), before the scene and the
             # plan, which may take seconds; every later status follows.
             await self._publish(incident, rc)
+        if degraded is not None:
+            if d.final and incident.status is IncidentStatus.OPEN:
+                return await self._observe_only(incident, d, rc, degraded)
+            return incident
         if not d.final:
             if created and job is not None:
                 await self._protect(job)
@@ -363,13 +470,29 @@ class Responder:
                 if isinstance(err, TemporaryActionError | FatalActionError):
                     raise
                 log.error("incident %s: the plan could not be made: %s", incident.id, err)
-                self.store.set_status(incident.id, IncidentStatus.FAILED, {"error": str(err), "page": True})
-                incident = self.store.get(incident.id)
+                await asyncio.to_thread(
+                    self.store.set_status, incident.id, IncidentStatus.FAILED, {"error": str(err), "page": True}
+                )
+                incident = await asyncio.to_thread(self.store.get, incident.id)
                 self._finish(incident)
                 await self._publish(incident, rc)
                 return incident
         if incident.status is IncidentStatus.ACTING:
             incident = await self._execute(incident)
+        return incident
+
+    async def _observe_only(self, incident: Incident, d: DiagnosisEvent, rc: RootCause, why: str) -> Incident:
+        """Settle an incident observe-only, saying why (the responder was over its bounds)."""
+        if d.job is not None:
+            await self._unprotect(d.job)
+        await asyncio.to_thread(self.store.note, incident.id, "degraded", {"why": why})
+        await asyncio.to_thread(
+            self.store.set_status, incident.id, IncidentStatus.OBSERVED, {"mode": Mode.OBSERVE.value, "degraded": why}
+        )
+        incident = await asyncio.to_thread(self.store.get, incident.id)
+        log.warning("incident %s for %s: observe-only: %s", incident.id, incident.key, why)
+        self._finish(incident)
+        await self._publish(incident, rc)
         return incident
 
     async def _prepare(self, incident: Incident, d: DiagnosisEvent, rc: RootCause) -> Incident:
@@ -381,15 +504,15 @@ class Responder:
             await self._save_scene(incident, d, rc, workload, pods)
         if job is not None:
             await self._unprotect(job, pods)
-        incident = self.store.get(incident.id)
+        incident = await asyncio.to_thread(self.store.get, incident.id)
 
         stale = _stale(workload, incident.id, d)
         if stale is not None:
             # The evidence is older than the workload's current incarnation (a log or kernel line
             # re-read after an agent restart, about the job trainmedic already recreated).
-            self.store.note(incident.id, "stale", {"recreated_at": stale})
-            self.store.set_status(incident.id, IncidentStatus.OBSERVED, {"stale": True})
-            incident = self.store.get(incident.id)
+            await asyncio.to_thread(self.store.note, incident.id, "stale", {"recreated_at": stale})
+            await asyncio.to_thread(self.store.set_status, incident.id, IncidentStatus.OBSERVED, {"stale": True})
+            incident = await asyncio.to_thread(self.store.get, incident.id)
             log.info(
                 "incident %s for %s: its evidence predates the job's recreation at %s; no action",
                 incident.id,
@@ -400,7 +523,7 @@ class Responder:
             await self._publish(incident, rc)
             return incident
         ctx = await self._context(incident, rc, workload)
-        if self.store.mark_fault_observed(incident.id):
+        if await asyncio.to_thread(self.store.mark_fault_observed, incident.id):
             self.policy.observe_fault(rc, ctx, self.policy_state, incident_id=incident.id)
         plan = self.policy.decide(incident.id, rc, d.diagnosis.findings, ctx, self.policy_state)
         if plan.breaker_open and plan.mode is Mode.ENFORCE:
@@ -416,10 +539,10 @@ class Responder:
             for a in plan.actions
         ]
         await asyncio.to_thread(self.store.set_plan, incident.id, plan.as_dict(), plan.mode.value, actions)
-        incident = self.store.get(incident.id)
+        incident = await asyncio.to_thread(self.store.get, incident.id)
         status = self._status_for(plan)
-        self.store.set_status(incident.id, status, {"mode": plan.mode.value})
-        incident = self.store.get(incident.id)
+        await asyncio.to_thread(self.store.set_status, incident.id, status, {"mode": plan.mode.value})
+        incident = await asyncio.to_thread(self.store.get, incident.id)
         log.info(
             "incident %s for %s: %s %s on %s, mode %s, plan %s: %s",
             incident.id,
@@ -431,10 +554,38 @@ class Responder:
             ", ".join(a.name.value for a in plan.actions) or "nothing",
             status.value,
         )
+        await self._mark_node(incident, rc, plan)
         if status is not IncidentStatus.ACTING:
             self._finish(incident)
         await self._publish(incident, rc, hints=plan.hints)
         return incident
+
+    async def _mark_node(self, incident: Incident, rc: RootCause, plan: Plan) -> None:
+        """A node-level fault becomes the node's Trainmedic*Problem condition and an Event on it, where
+        the settings say so. Best effort: the incident goes on when the API refuses (logged, noted)."""
+        wanted = self.settings.node_conditions
+        if wanted is None:
+            wanted = plan.mode in (Mode.APPROVE, Mode.ENFORCE)
+        node_level = rc.fault_class.value in NODE_LEVEL_FAULTS or any(
+            a.name is ActionName.QUARANTINE_NODE for a in plan.actions
+        )
+        if not (wanted and node_level and rc.node):
+            return
+        where = f" ({rc.device})" if rc.device else ""
+        message = I18nText(
+            en=f"{rc.summary.en}{where}",
+            zh=f"{rc.summary.zh}{where}",
+        )
+        try:
+            written = await self.kube.report_node_problem(
+                rc.node, incident_id=incident.id, fault_class=rc.fault_class, message=message
+            )
+        except KubeError as e:
+            log.warning("incident %s: node %s condition and event not written: %s", incident.id, rc.node, e)
+            self.store.note(incident.id, "node_condition_failed", {"node": rc.node, "error": str(e)})
+            return
+        if written:
+            self.store.note(incident.id, "node_condition", {"node": rc.node, "type": problem_condition(rc.fault_class)})
 
     @staticmethod
     def _status_for(plan: Plan) -> IncidentStatus:
@@ -528,7 +679,7 @@ class Responder:
                 )
                 log.error("incident %s: %s failed: %s", incident.id, action.name, err)
                 break
-        incident = self.store.get(incident.id)
+        incident = await asyncio.to_thread(self.store.get, incident.id)
         if not retry:
             plan = incident.plan or {}
             status = IncidentStatus.FAILED if failed else IncidentStatus.RESOLVED
@@ -536,15 +687,15 @@ class Responder:
                 status = IncidentStatus.BLOCKED
             if not failed and stale is not None:
                 # The plan was for another incarnation of the job: nothing to do, nothing failed.
-                self.store.note(incident.id, "stale", {"why": str(stale)})
+                await asyncio.to_thread(self.store.note, incident.id, "stale", {"why": str(stale)})
                 status = IncidentStatus.OBSERVED
             detail: dict[str, Any] = {"page": True} if status in (IncidentStatus.FAILED, IncidentStatus.BLOCKED) else {}
             if stale is not None:
                 detail = {"stale": True, "why": str(stale)}
             elif blocked is not None:
                 detail["blocked"] = blocked.why.en
-            self.store.set_status(incident.id, status, detail)
-            incident = self.store.get(incident.id)
+            await asyncio.to_thread(self.store.set_status, incident.id, status, detail)
+            incident = await asyncio.to_thread(self.store.get, incident.id)
             self._finish(incident)
             await self._publish(incident, rc)
         return incident
@@ -597,6 +748,22 @@ class Responder:
                 os.close(dfd)
         return {"file": name, "sha256": hashlib.sha256(data).hexdigest()}
 
+    def _drop_bodies(self, names: set[str], *, keep: bool) -> None:
+        """Remove the replacement bodies (and half-written ones) of the incidents named (by their
+        file-safe id); with `keep`, of every incident but those."""
+        try:
+            files = list(self.body_dir.iterdir())
+        except OSError:
+            return
+        for f in files:
+            stem = f.name.removeprefix(".").removesuffix(".tmp")
+            parts = stem.rsplit(".", 2)
+            if len(parts) != 3 or parts[2] != "json":
+                continue
+            if (parts[0] in names) is not keep:
+                with contextlib.suppress(OSError):
+                    f.unlink()
+
     def load_body(self, params: Mapping[str, Any]) -> dict[str, Any]:
         ref = params.get("body_ref")
         if not ref:
@@ -622,6 +789,17 @@ class Responder:
 
     async def find_workload(self, job: JobRef) -> dict[str, Any] | None:
         return await self._workload(job)
+
+    @property
+    def stack_source(self) -> StackSource:
+        return self._stack_source or _SceneSource(self)
+
+    async def job_pods(self, job: JobRef) -> list[dict[str, Any]]:
+        return await self._pods(job, await self._workload(job))
+
+    def scene_path(self, incident_id: str) -> Path | None:
+        scene = self.store.get(incident_id).scene_dir
+        return Path(scene) if scene else None
 
     def policy_context(self, incident_id: str, rc: RootCause) -> PolicyContext:
         return self._ctx_light(self.store.get(incident_id), rc)
@@ -818,7 +996,12 @@ class Responder:
     # -- out --------------------------------------------------------------------------------------------
 
     def _finish(self, incident: Incident) -> None:
+        # The journal is over: no replacement body (env values) stays on disk, whatever the end.
+        self._drop_bodies({_UNSAFE_NAME.sub("_", incident.id)[:200]}, keep=False)
         self.handled[incident.id] = incident.status
+        self.handled.move_to_end(incident.id)
+        while len(self.handled) > self.settings.handled_max:
+            self.handled.popitem(last=False)
         self.changed.set()
 
     async def _publish(self, incident: Incident, rc: RootCause, *, hints: Sequence[I18nText] = ()) -> None:
@@ -853,7 +1036,9 @@ class Responder:
         except Exception as e:  # noqa: BLE001 - a report is never worth failing the incident for
             log.warning("incident %s: the report could not be written: %s", incident_id, e)
             return
-        self.store.note(incident_id, "report", {"files": sorted(str(p) for p in paths.values())})
+        await asyncio.to_thread(
+            self.store.note, incident_id, "report", {"files": sorted(str(p) for p in paths.values())}
+        )
 
 
 class _StoreJournal:

@@ -35,7 +35,9 @@ from agent.brain import Brain, BrainSettings
 from agent.bus.base import Bus
 from agent.bus.memory import MemoryBus
 from agent.config import Role, Settings
+from agent.health import readiness
 from agent.jobindex import JobIndex
+from agent.looplag import LoopLagMonitor
 from agent.telemetry import Telemetry
 
 log = logging.getLogger("trainmedic.run")
@@ -60,6 +62,7 @@ class Agent:
     responder: Any = None  # agent.responder.Responder when remediation is on (brain / all roles)
     api_app: Any = None  # the FastAPI app when the API is on (its `state.server` once it listens)
     notifier: Any = None  # agent.notify.Notifier when notify.sinks are configured (with the responder)
+    lag: LoopLagMonitor | None = None  # trainmedic_event_loop_lag_seconds, in every role
     stop: asyncio.Event = field(default_factory=asyncio.Event)
     started: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -72,6 +75,8 @@ def make_bus(settings: Settings, telemetry: Telemetry) -> Bus:
             max_backlog=b.memory_max_records,
             max_backlog_bytes=b.memory_max_bytes,
             telemetry=telemetry,
+            # In one process a crash takes the bus with it: nothing read is held for a replay.
+            replays=False,
         )
     from agent.bus.kafka import KafkaBus
 
@@ -121,6 +126,11 @@ def build_agent(
     telemetry = telemetry or Telemetry()
     agent = Agent(settings=settings, role=role, bus=bus or make_bus(settings, telemetry), telemetry=telemetry)
     producer = f"{role.value}/{settings.node_name}"
+    # Every role shares one loop between its parts: how late it runs is measured in each.
+    lag = agent.lag = LoopLagMonitor(telemetry)
+    agent.components["looplag"] = lambda: lag.run(agent.stop)
+    index = agent.job_index
+    telemetry.refreshers.append(lambda: telemetry.state_entries.labels("job_index_pods").set(len(index)))
     node_sources = role in (Role.NODE, Role.ALL)
     cluster_sources = role in (Role.CLUSTER, Role.ALL)
 
@@ -155,7 +165,13 @@ def build_agent(
         d = settings.detect
         agent.brain = Brain(
             agent.bus,
-            settings=BrainSettings(group=settings.bus.group, window_s=d.window_s, tick_s=d.tick_s),
+            settings=BrainSettings(
+                group=settings.bus.group,
+                window_s=d.window_s,
+                tick_s=d.tick_s,
+                job_grace_s=d.job_grace_s,
+                idle_s=d.idle_s,
+            ),
             rule_dirs=d.rule_dirs,
             fast={"auto": None, "fast": True, "re": False}[d.engine],
             hang=HangDetector(floor_s=d.hang_floor_s, factor=d.hang_factor),
@@ -164,6 +180,7 @@ def build_agent(
             clock=clock,
         )
         brain = agent.brain
+        telemetry.refreshers.append(brain.report)
         agent.components["brain"] = lambda: brain.run(agent.stop)
         if settings.remediate.enabled and settings.kubernetes.enabled:
             _add_responder(agent, api_client, producer, clock)
@@ -233,6 +250,10 @@ def _add_responder(agent: Agent, api_client: Any, producer: str, clock: Callable
             stacks=r.stacks,
             checkpoint_path_map=dict(r.checkpoint_path_map),
             wait_gone_s=r.wait_gone_s,
+            breaker_settle_s=r.breaker_settle_s,
+            max_concurrent=r.max_concurrent,
+            max_pending=r.max_pending,
+            node_conditions=r.node_conditions,
         ),
         telemetry=agent.telemetry,
         kernel_tail=brain.kernel_tail if brain is not None else None,
@@ -242,6 +263,7 @@ def _add_responder(agent: Agent, api_client: Any, producer: str, clock: Callable
         notifier=_add_notifier(agent, store, clock),
     )
     agent.responder = responder
+    agent.telemetry.refreshers.append(responder.report)
     agent.components["responder"] = lambda: responder.run(agent.stop)
 
 
@@ -291,23 +313,13 @@ def _add_api(agent: Agent, producer: str) -> None:
             await agent.bus.publish(api.topic_of(event), event)
         await agent.bus.flush()
 
-    def ready() -> tuple[bool, dict[str, Any]]:
-        waiting = []
-        if not agent.started.is_set():
-            waiting.append("the agent is starting")
-        if agent.stop.is_set():
-            waiting.append("the agent is stopping")
-        if agent.brain is not None and not agent.brain.ready.is_set():
-            waiting.append("the brain has not joined its consumer group yet")
-        responder = agent.responder
-        if responder is not None and hasattr(responder, "ready") and not responder.ready.is_set():
-            waiting.append("the responder has not started yet")
-        return not waiting, {
-            "role": agent.role.value,
-            "components": sorted(agent.components),
-            "disabled": dict(agent.disabled),
-            "waiting": waiting,
-        }
+    ready = readiness(agent)
+    # The trainmedic_ready gauge is current at every scrape, probed or not.
+
+    def refresh_ready() -> None:
+        ready()
+
+    agent.telemetry.refreshers.append(refresh_ready)
 
     render = None
     if store is not None:
@@ -402,7 +414,11 @@ def _add_node_sources(agent: Agent, producer: str) -> None:
             agent.components["container-logs"] = tailer.run
         else:
             agent.disabled["container-logs"] = f"{root} is not a directory on this host"
-    if s.kernel.source != "off":
+    else:
+        agent.disabled["container-logs"] = "logs.enabled is false"
+    if s.kernel.source == "off":
+        agent.disabled["kernel"] = "kernel.source is off"
+    else:
         from agent.watchers import kernel
 
         common: dict[str, Any] = {
@@ -424,7 +440,9 @@ def _add_node_sources(agent: Agent, producer: str) -> None:
             agent.components["kernel"] = kernel.JournaldSource(**common).run
         else:
             agent.disabled["kernel"] = "kernel.source is journald but journalctl is not installed"
-    if s.metrics.nvml:
+    if not s.metrics.nvml:
+        agent.disabled["nvml"] = "metrics.nvml is false"
+    else:
         from agent.watchers.nvml import NvmlSource, SourceUnavailable
 
         try:

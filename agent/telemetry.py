@@ -86,6 +86,30 @@ class Telemetry:
         self.bus_backpressure = Counter(
             "trainmedic_bus_backpressure", "In-process bus: publishes that waited for room", ["topic"], registry=r
         )
+        # Event loop lag (agent/looplag.py): how late a callback due now runs.
+        self.loop_lag = Histogram(
+            "trainmedic_event_loop_lag_seconds",
+            "How late the event loop ran a timer that was due (a synchronous step held the loop)",
+            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+            registry=r,
+        )
+        self.loop_lag_last = Gauge(
+            "trainmedic_event_loop_lag_last_seconds", "The event loop lag measured last", registry=r
+        )
+        # Entries held by each bounded in-memory structure (docs/architecture.md, "State and eviction").
+        self.state_entries = Gauge(
+            "trainmedic_state_entries", "Entries held in memory by kind of state", ["kind"], registry=r
+        )
+        self.responder_degraded = Counter(
+            "trainmedic_responder_degraded",
+            "Incidents the responder handled observe-only because it was over its bounds",
+            registry=r,
+        )
+        self.ready = Gauge(
+            "trainmedic_ready",
+            "1 when the agent is ready (as /readyz answers), 0 while a required dependency is down",
+            registry=r,
+        )
         self.outbox_depth = Gauge(
             "trainmedic_outbox_depth", "Notifications waiting in the outbox (pending) by sink", ["sink"], registry=r
         )

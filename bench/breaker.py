@@ -8,6 +8,9 @@
   The goal is floor(0.1 x 64) = 6 exactly. The cluster is the in-memory stand-in of
   tests/remediations/respfix.py, whose every call yields to the loop as an API round trip does, so
   the 32 incidents interleave at each call.
+* `breaker_concurrent_faults_two_brains`: the same faults handled by two brains that share nothing
+  but the cluster (each its own incident store and policy state, the incidents dealt alternately):
+  the claims on the nodes (`trainmedic.io/breaker-claim`) keep the sum at 6 as well.
 """
 
 from __future__ import annotations
@@ -28,26 +31,35 @@ FAILING = 32
 SHARE = 0.1
 
 
-async def _run(tmp: Path) -> int:
+async def _run(tmp: Path, brains: int = 1) -> int:
     from respfix import FakeKube, diagnosis, harness, node, policy
 
     kube = FakeKube(nodes={f"gpu-{i}": node(f"gpu-{i}") for i in range(POOL)})
-    h = harness(tmp, policy(f"circuit_breaker:\n  max_share: {SHARE}\n"), kube)
+    hs = []
+    for b in range(brains):
+        (tmp / f"brain-{b}").mkdir()
+        hs.append(harness(tmp / f"brain-{b}", policy(f"circuit_breaker:\n  max_share: {SHARE}\n"), kube))
     try:
         await asyncio.gather(
-            *(h.handle(diagnosis("train", f"job-{i}", f"gpu-{i}", t=1000.0 + i / FAILING)) for i in range(FAILING))
+            *(
+                hs[i % brains].handle(diagnosis("train", f"job-{i}", f"gpu-{i}", t=1000.0 + i / FAILING))
+                for i in range(FAILING)
+            )
         )
     finally:
-        h.store.close()
+        for h in hs:
+            h.store.close()
     return len(kube.quarantines)
 
 
 def run_breaker() -> dict[str, Any]:
-    with tempfile.TemporaryDirectory(prefix="trainmedic-bench-breaker-") as tmp:
-        quarantined = asyncio.run(_run(Path(tmp)))
+    figures: dict[str, int] = {}
+    for brains, name in ((1, "breaker_concurrent_faults"), (2, "breaker_concurrent_faults_two_brains")):
+        with tempfile.TemporaryDirectory(prefix="trainmedic-bench-breaker-") as tmp:
+            figures[name] = asyncio.run(_run(Path(tmp), brains))
     return {
-        "breaker_concurrent_faults": quarantined,
-        "goals_breaker": {"breaker_concurrent_faults": int(SHARE * POOL)},
+        **figures,
+        "goals_breaker": {name: int(SHARE * POOL) for name in figures},
     }
 
 

@@ -25,7 +25,8 @@ from pathlib import Path
 from detectors.engine import Engine
 from detectors.schema import Rule
 
-DEFAULT_REAL_LOGS = Path("/work/shared/corpus/real-logs.jsonl")
+# The shared corpus: ../shared next to the repository root.
+DEFAULT_REAL_LOGS = Path(__file__).resolve().parent.parent.parent / "shared" / "corpus" / "real-logs.jsonl"
 FAULT_EVERY = 1000  # one fault line per this many lines (0.1 %)
 DEFAULT_SEED = 20240501
 

@@ -8,7 +8,10 @@ Steps:
 3. Run GNU grep over the same file with the same patterns translated to POSIX ERE (bench/ere.py),
    `LC_ALL=C grep -E -c -f PATTERNS FILE`, pinned to the same CPU, the same number of repeats.
    (`-c` rather than output to /dev/null: GNU grep stops at the first match when its output is
-   /dev/null, which would measure nothing.)
+   /dev/null, which would measure nothing.) The grep runs together get `--grep-limit` seconds
+   (default 120; 0: no limit): past it the run is killed and the JSON says so
+   (`grep_timed_out_after_s`, and `grep_lines_per_s_below`: grep did not get through the file at
+   that rate) with the grep rates null, rather than the bench hanging on a slow machine.
    The engine is built as `Engine(rules, fast=...)`, i.e. with its defaults (hard-wrap view on);
    `--no-unwrap` measures `unwrap=False`, the setting the pipeline uses for container logs.
 4. The event-pipeline figures (unless --no-pipeline): bench/pipeline.py runs a producer and a brain
@@ -42,6 +45,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -67,6 +71,7 @@ GOAL_FAST_LINES_PER_S = 1_400_000
 GOAL_RE_LINES_PER_S = 400_000
 RESULTS = ROOT / "bench" / "results.json"
 GREP = "grep"
+DEFAULT_GREP_LIMIT_S = 120.0
 
 
 def log(msg: str) -> None:
@@ -199,32 +204,83 @@ def grep_patterns(rules: Sequence[Rule]) -> GrepPatterns:
     return GrepPatterns(exprs, total, skipped)
 
 
-def _grep_once(cmd: list[str], cpu: int) -> tuple[float, float, int, float]:
-    """(wall s, CPU s, matching lines, peak RSS MB) of one pinned grep run."""
+class GrepTimedOut(Exception):
+    """A grep run was killed at the deadline after `elapsed_s` seconds without reaching the end."""
+
+    def __init__(self, elapsed_s: float) -> None:
+        super().__init__(f"grep killed after {elapsed_s:.1f} s")
+        self.elapsed_s = elapsed_s
+
+
+def _grep_once(cmd: list[str], cpu: int, timeout_s: float | None = None) -> tuple[float, float, int, float]:
+    """(wall s, CPU s, matching lines, peak RSS MB) of one pinned grep run; killed (GrepTimedOut) when
+    it runs past `timeout_s`."""
 
     def pin() -> None:
         os.sched_setaffinity(0, {cpu})
 
     t0 = time.perf_counter()
-    # The parent is single-threaded here, so a preexec_fn is safe.
+    # The parent is single-threaded here (the previous run's timer thread has been joined), so a
+    # preexec_fn is safe.
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, env=grep_env(), preexec_fn=pin)  # noqa: PLW1509
     assert proc.stdout is not None
-    out = proc.stdout.read()
-    _, status, usage = os.wait4(proc.pid, 0)
+    killed = threading.Event()
+
+    def kill() -> None:
+        killed.set()
+        proc.kill()
+
+    timer = threading.Timer(max(timeout_s, 0.0), kill) if timeout_s is not None else None
+    if timer is not None:
+        timer.start()
+    try:
+        out = proc.stdout.read()
+        _, status, usage = os.wait4(proc.pid, 0)
+    finally:
+        if timer is not None:
+            timer.cancel()
+            timer.join()
     wall = time.perf_counter() - t0
     proc.returncode = os.waitstatus_to_exitcode(status)
     proc.stdout.close()
+    if killed.is_set():
+        raise GrepTimedOut(wall)
     if proc.returncode > 1:
         raise RuntimeError(f"grep exited {proc.returncode}")
     return wall, usage.ru_utime + usage.ru_stime, int(out.strip() or 0), usage.ru_maxrss / 1024
 
 
-def run_grep(pats: GrepPatterns, corpus: Path, workdir: Path, repeats: int, cpu: int) -> dict[str, Any]:
+def run_grep(
+    pats: GrepPatterns,
+    corpus: Path,
+    workdir: Path,
+    repeats: int,
+    cpu: int,
+    limit_s: float | None = DEFAULT_GREP_LIMIT_S,
+    lines: int = 0,
+) -> dict[str, Any]:
+    """The warm-up and the timed repeats of grep within `limit_s` seconds in all (None: no limit).
+    Past the limit: `timed_out_after_s` and `lines_per_s_below` (the `lines` of the file were not
+    read at that rate by the run that was killed) instead of the timings."""
     patfile = workdir / "patterns.ere"
     patfile.write_text("".join(e + "\n" for e in pats.expressions), encoding="utf-8")
     cmd = [GREP, "-E", "-c", "-f", str(patfile), str(corpus)]
-    _grep_once(cmd, cpu)  # warm-up (page cache, binary)
-    runs = [_grep_once(cmd, cpu) for _ in range(repeats)]
+    deadline = None if limit_s is None else time.perf_counter() + limit_s
+
+    def once() -> tuple[float, float, int, float]:
+        left = None if deadline is None else deadline - time.perf_counter()
+        if left is not None and left <= 0:
+            raise GrepTimedOut(0.0)  # no time left to start another run
+        return _grep_once(cmd, cpu, left)
+
+    try:
+        once()  # warm-up (page cache, binary)
+        runs = [once() for _ in range(repeats)]
+    except GrepTimedOut as exc:
+        return {
+            "timed_out_after_s": limit_s,
+            "lines_per_s_below": round(lines / exc.elapsed_s) if exc.elapsed_s > 0 else None,
+        }
     return {
         "wall_s": [r[0] for r in runs],
         "cpu_s": [r[1] for r in runs],
@@ -289,8 +345,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         re_res = run_worker("re", corpus_path, args.repeats, cpu, args.profile, args.no_unwrap)
 
         pats = grep_patterns(rules)
-        log(f"grep -E with {len(pats.expressions)}/{pats.total} patterns on CPU {cpu}, {args.repeats} repeats")
-        grep_res = run_grep(pats, corpus_path, workdir, args.repeats, cpu)
+        limit = args.grep_limit if args.grep_limit > 0 else None
+        log(
+            f"grep -E with {len(pats.expressions)}/{pats.total} patterns on CPU {cpu}, {args.repeats} repeats"
+            + (f", at most {limit:g} s" if limit is not None else "")
+        )
+        grep_res = run_grep(pats, corpus_path, workdir, args.repeats, cpu, limit, corpus.lines)
+        if "timed_out_after_s" in grep_res:
+            log(f"grep did not finish within {limit:g} s: its figures are left out")
     finally:
         if args.keep:
             log(f"kept {workdir}")
@@ -301,9 +363,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     fast = _path_figures("classify_fast", fast_res, corpus.bytes)
     slow = _path_figures("classify_re", re_res, corpus.bytes)
-    grep_wall = [float(s) for s in grep_res["wall_s"]]
-    grep_cpu = [float(s) for s in grep_res["cpu_s"]]
-    grep_rate = round(corpus.lines / _median(grep_wall))
+    grep_done = "wall_s" in grep_res
+    grep_wall = [float(s) for s in grep_res.get("wall_s", [])]
+    grep_cpu = [float(s) for s in grep_res.get("cpu_s", [])]
+    grep_rate = round(corpus.lines / _median(grep_wall)) if grep_done else None
 
     raw_mb = None
     if raw_res is not None and "error" not in raw_res:
@@ -374,14 +437,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "grep_patterns_used": len(pats.expressions),
         "grep_patterns_total": pats.total,
         "grep_patterns_skipped": pats.skipped,
-        "grep_cpu_lines_per_s": round(corpus.lines / _median(grep_cpu)),
-        "grep_mb_per_s": round(corpus.bytes / _median(grep_wall) / 1e6, 1),
+        "grep_cpu_lines_per_s": round(corpus.lines / _median(grep_cpu)) if grep_done else None,
+        "grep_mb_per_s": round(corpus.bytes / _median(grep_wall) / 1e6, 1) if grep_done else None,
         "grep_runs_s": [round(s, 4) for s in grep_wall],
         "grep_runs_cpu_s": [round(s, 4) for s in grep_cpu],
         "grep_runs_lines_per_s": [round(r) for r in _rate(corpus.lines, grep_wall)],
-        "grep_matching_lines": grep_res["matching_lines"],
-        "grep_peak_rss_mb": round(float(grep_res["peak_rss_mb"]), 1),
+        "grep_matching_lines": grep_res.get("matching_lines"),
+        "grep_peak_rss_mb": round(float(grep_res["peak_rss_mb"]), 1) if grep_done else None,
         "grep_command": "LC_ALL=C grep -E -c -f PATTERNS FILE",
+        "grep_limit_s": args.grep_limit if args.grep_limit > 0 else None,
+        "grep_timed_out_after_s": grep_res.get("timed_out_after_s"),
+        "grep_lines_per_s_below": grep_res.get("lines_per_s_below"),
         "bench_seconds": round(time.perf_counter() - started, 1),
     }
     if profiles:
@@ -404,6 +470,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--no-unwrap", action="store_true", help="Engine(..., unwrap=False): no hard-wrap view, as the pipeline runs it"
     )
     ap.add_argument("--keep", action="store_true", help="keep the generated corpus and pattern file")
+    ap.add_argument(
+        "--grep-limit",
+        type=float,
+        default=DEFAULT_GREP_LIMIT_S,
+        help=f"seconds for all grep runs together (default {DEFAULT_GREP_LIMIT_S:g}; 0: no limit)",
+    )
     ap.add_argument("--no-pipeline", action="store_true", help="no event-pipeline figures")
     ap.add_argument("--no-remediation", action="store_true", help="no self-healing figures")
     ap.add_argument("--no-coldstart", action="store_true", help="no `trainmedic diagnose` start-up figures")
@@ -411,6 +483,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     if args.repeats < 1:
         ap.error("--repeats must be at least 1")
+    if args.grep_limit < 0:
+        ap.error("--grep-limit must not be negative")
     if args.lines is not None and args.lines < 1:
         ap.error("--lines must be at least 1")
     return args

@@ -22,6 +22,7 @@ The reasoning, in order:
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from detectors import waitgraph
@@ -32,6 +33,7 @@ from trainmedic.models import (
     FaultClass,
     Finding,
     I18nText,
+    Place,
     RootCause,
 )
 
@@ -97,10 +99,14 @@ def correlate(
     lines_scanned: int = 0,
     ranks_seen: Iterable[int] = (),
     rank_nodes: Mapping[int, str] | None = None,
+    rank_devices: Mapping[int, str] | None = None,
+    ip_places: Mapping[str, str] | None = None,
 ) -> Diagnosis:
     """Reduce the findings of one job (or one `diagnose` run) to a diagnosis. `ranks_seen`: every
     rank whose log was read (a scene bundle, a directory of per-rank logs), so that a hang can name
-    the rank that is missing from the timeouts; `rank_nodes`: the node each rank's log came from."""
+    the rank that is missing from the timeouts; `rank_nodes`: the node each rank's log came from;
+    `rank_devices`: the device each rank ran on and `ip_places`: what an IP is ("rank 3" or a
+    node), where the collected layout says them (detectors/layout.py)."""
     enriched = [enrich(f) for f in findings]
     _explain_consequences(enriched)
     weights = [weight(f, e) for f, e in enriched]
@@ -110,11 +116,14 @@ def correlate(
     root_finding, root_entry = enriched[best]
     root = _root_cause(root_finding, root_entry, [f for f, _ in enriched])
     _localise_origin(root, [f for f, _ in enriched])
-    places = dict(rank_nodes or {})
+    places = Places(dict(rank_nodes or {}), dict(rank_devices or {}), dict(ip_places or {}))
+    reported = (root.node, root.device, root.rank)
     if root.fault_class is FaultClass.HANG:
         _localise_stalled(root, [f for f, _ in enriched], set(ranks_seen), places)
     if root.fault_class in COMM_CLASSES:
         _follow_waits(root, [f for f, _ in enriched], places)
+    if (root.node, root.device, root.rank) != reported:
+        _replace_where(root, reported)
     for i, (f, _) in enumerate(enriched):
         if i != best and f.consequence_of is None and f.fault_class in SYMPTOM_CLASSES and weights[i] < weights[best]:
             f.consequence_of = root.code
@@ -174,9 +183,18 @@ def _localise_origin(root: RootCause, findings: list[Finding]) -> None:
 COMM_CLASSES = frozenset({FaultClass.COMM_INIT, FaultClass.COMM_ERROR, FaultClass.HANG, FaultClass.PROCESS_KILLED})
 
 
-def _follow_waits(root: RootCause, findings: list[Finding], places: Mapping[int, str]) -> None:
+@dataclass(frozen=True, slots=True)
+class Places:
+    """What the collected layout says about ranks and IPs (detectors/layout.py)."""
+
+    nodes: dict[int, str] = field(default_factory=dict)
+    devices: dict[int, str] = field(default_factory=dict)
+    ips: dict[str, str] = field(default_factory=dict)
+
+
+def _follow_waits(root: RootCause, findings: list[Finding], places: Places) -> None:
     """Name the place the others waited on (detectors/waitgraph.py), or list the candidates."""
-    graph = waitgraph.build(findings)
+    graph = waitgraph.build(findings, places.ips)
     if not graph.edges:
         return
     roots, decided = graph.roots()
@@ -187,6 +205,7 @@ def _follow_waits(root: RootCause, findings: list[Finding], places: Mapping[int,
             _move_to_rank(root, int(place[5:]), findings, places)
         elif place != root.node:
             root.node, root.device = place, None
+        root.chain_places = [_where_is(p, findings, places) for p in root.chain]
         arrow = " -> ".join(root.chain)
         root.summary = I18nText(
             en=f"{root.summary.en} Wait chain: {arrow}; {place} waited on nobody.",
@@ -194,7 +213,13 @@ def _follow_waits(root: RootCause, findings: list[Finding], places: Mapping[int,
         )
     elif roots:
         root.candidates = roots
+        root.candidate_places = [_where_is(p, findings, places) for p in roots]
         root.rank = None
+        # A node or device is named only when every candidate shares it.
+        cand_nodes = {c.node for c in root.candidate_places}
+        cand_devices = {(c.node, c.device) for c in root.candidate_places}
+        root.node = cand_nodes.pop() if len(cand_nodes) == 1 else None
+        root.device = cand_devices.pop()[1] if len(cand_devices) == 1 else None
         listed = ", ".join(roots)
         root.summary = I18nText(
             en=f"{root.summary.en} The waits do not single out one place; candidates: {listed}.",
@@ -202,21 +227,34 @@ def _follow_waits(root: RootCause, findings: list[Finding], places: Mapping[int,
         )
 
 
-def _move_to_rank(root: RootCause, rank: int, findings: list[Finding], places: Mapping[int, str]) -> None:
+def _where_is(place: str, findings: list[Finding], places: Places) -> Place:
+    """A wait-graph place ("rank 3", a node, an unresolved IP) with its node, device and rank."""
+    if place.startswith("rank ") and place[5:].isdigit():
+        rank = int(place[5:])
+        node, device = _rank_home(rank, findings, places)
+        return Place(place=place, node=node, device=device, rank=rank)
+    return Place(place=place, node=place)
+
+
+def _rank_home(rank: int, findings: list[Finding], places: Places) -> tuple[str | None, str | None]:
+    """The node and device of a rank: from the findings that carry both, else the layout's."""
+    nodes = {f.node for f in findings if f.rank == rank and f.node}
+    devices = {f.device for f in findings if f.rank == rank and f.device}
+    node = nodes.pop() if len(nodes) == 1 else places.nodes.get(rank)
+    device = devices.pop() if len(devices) == 1 else places.devices.get(rank)
+    return node, device
+
+
+def _move_to_rank(root: RootCause, rank: int, findings: list[Finding], places: Places) -> None:
     """The root is another rank than the finding that reported it: its node and device are that
-    rank's own (from the findings that carry both), not the reporter's."""
+    rank's own (from the findings that carry both, else the layout's), not the reporter's."""
     if root.rank == rank:
         return
     root.rank = rank
-    nodes = {f.node for f in findings if f.rank == rank and f.node}
-    devices = {f.device for f in findings if f.rank == rank and f.device}
-    root.node = nodes.pop() if len(nodes) == 1 else places.get(rank)
-    root.device = devices.pop() if len(devices) == 1 else None
+    root.node, root.device = _rank_home(rank, findings, places)
 
 
-def _localise_stalled(
-    root: RootCause, findings: list[Finding], ranks_seen: set[int], places: Mapping[int, str]
-) -> None:
+def _localise_stalled(root: RootCause, findings: list[Finding], ranks_seen: set[int], places: Places) -> None:
     """Ranks that wait on a collective report a timeout; the rank that stalled does not. When every
     rank whose log was read reports one but a single rank, that rank is where to look."""
     waiting = {f.rank for f in findings if f.fault_class is FaultClass.HANG and f.rank is not None}
@@ -282,6 +320,20 @@ def _root_cause(root: Finding, entry: udal.CatalogEntry | None, findings: list[F
         occurrences=sum(f.count for f in same),
         ranks=ranks,
         nodes=nodes,
+    )
+
+
+def _replace_where(root: RootCause, reported: tuple[str | None, str | None, int | None]) -> None:
+    """The summary names where the root is, not where the finding that reported it was."""
+    node, device, rank = reported
+    ranks = root.ranks if rank is None else []
+    old_en, old_zh = _where(node, device, rank, ranks)
+    if not old_en:
+        return
+    shown = [] if root.rank is not None or root.candidates else root.ranks
+    new_en, new_zh = _where(root.node, root.device, root.rank, shown)
+    root.summary = I18nText(
+        en=root.summary.en.replace(old_en, new_en, 1), zh=root.summary.zh.replace(old_zh, new_zh, 1)
     )
 
 

@@ -8,7 +8,6 @@ bundle's container logs with their pod, rank and node, its kernel lines node by 
 from __future__ import annotations
 
 import gzip
-import re
 import sys
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import ExitStack
@@ -19,6 +18,7 @@ from typing import BinaryIO
 from detectors.correlator import correlate
 from detectors.engine import Engine
 from detectors.hang_static import silence_findings_in
+from detectors.layout import Layout, Place, place_of, read_head
 from detectors.loader import load_rules
 from trainmedic.errors import InputError
 from trainmedic.models import Diagnosis, Finding, Source
@@ -88,83 +88,56 @@ def scan_inputs(engine: Engine, names: Iterable[str]) -> Iterator[tuple[list[Fin
                 raise InputError(f"{name}: cannot read: {exc}") from exc
 
 
-# A rank in a log file's name: rank3.log, rank_3.txt, worker-rank-3.out, log_rank03 (torchrun's
-# --log-dir writes attempt_0/<local_rank>/stdout.log, which names no global rank).
-_RANK_IN_NAME = re.compile(r"(?:^|[^a-z])rank[-_]?(\d{1,5})(?:[^0-9]|$)", re.IGNORECASE)
-# Folders of a collection that hold logs, not a node's (torchrun's --log-dir, CANN's layout).
-_NOT_A_NODE = re.compile(
-    r"^(?:ranks?|logs?|attempt_\d+|process_log|debug|run|plog|device-\d+|stdout|stderr|tmp|\d+)$", re.IGNORECASE
-)
-_RANK_DIR_PARENT = re.compile(r"^(?:ranks?|attempt_\d+|local_?ranks?)$", re.IGNORECASE)
-
-
-def place_of(name: str, root: str | None) -> tuple[str | None, int | None]:
-    """(node, rank) a file's place in a collected layout says: under DIR/<node>/..., the first folder
-    below DIR is the node (one folder per node, as MindCluster and nvidia-bug-report collections lay
-    them out); a rank in the file name is the rank. The logs' own words win over both."""
-    node = None
-    path = Path(name)
-    if root is not None:
-        # root "": the name is already relative to the collection (an upload's file name).
-        rel: tuple[str, ...] = path.relative_to(root).parts if root else () if path.is_absolute() else path.parts
-        if len(rel) > 1 and not _NOT_A_NODE.match(rel[0]):
-            node = rel[0]
-    m = _RANK_IN_NAME.search(path.name)
-    if m:
-        return node, int(m.group(1))
-    # torchrun --log-dir: <dir>/<run>/attempt_<n>/<rank>/std{out,err}.log (and a plain ranks/<n>/).
-    parent, grand = path.parent.name, path.parent.parent.name
-    if parent.isdigit() and _RANK_DIR_PARENT.match(grand):
-        return node, int(parent)
-    return node, None
-
-
-# CANN's log layout (Ascend "Log Reference"): process logs `plog/plog-<pid>_<time>.log` and device
-# logs `device-<id>/device-<pid>_<time>.log`; a process's device is the folder of its device log.
-_PLOG = re.compile(r"^plog-(\d{1,10})_\d+\.log$")
-_DEVICE_LOG = re.compile(r"^device-(\d{1,10})_\d+\.log$")
-_DEVICE_DIR = re.compile(r"^device-(\d{1,3})$")
-
-
-class Layout:
-    """What a collection's file names say about where each file's lines come from."""
-
-    def __init__(self, names: Sequence[str], root: str | None) -> None:
-        self.root = root
-        self.pid_device: dict[tuple[str | None, str], str] = {}
-        for name in names:
-            path = Path(name)
-            m = _DEVICE_LOG.match(path.name)
-            d = _DEVICE_DIR.match(path.parent.name)
-            if m and d:
-                node, _ = place_of(name, root)
-                self.pid_device[(node, m.group(1))] = d.group(1)
-
-    def device_of(self, name: str, node: str | None) -> str | None:
-        m = _PLOG.match(Path(name).name)
-        if m is None:
-            d = _DEVICE_DIR.match(Path(name).parent.name)
-            return d.group(1) if d and _DEVICE_LOG.match(Path(name).name) else None
-        return self.pid_device.get((node, m.group(1)))
-
-
 def attribute(
     found: list[Finding], name: str, root: str | None, ranks: dict[int, str | None], layout: Layout | None = None
 ) -> list[Finding]:
     """The findings of one file with the node, rank and device its place in the layout gives
-    (`place_of`; a CANN plog's device through its process's device log), where the lines do not say;
-    the rank joins `ranks` (rank -> node: the ranks whose logs were read)."""
+    (`place_of`; a CANN plog's device through its process's device log or `npu-smi info`; a rank
+    through the rank table or NCCL INFO lines), where the lines do not say; the rank joins `ranks`
+    (rank -> node: the ranks whose logs were read)."""
     node, rank = place_of(name, root)
     if rank is not None:
         ranks[rank] = ranks.get(rank) or node
-    device = layout.device_of(name, node) if layout is not None else None
-    if device is not None:
-        found = [f.model_copy(update={"device": f.device or device}) for f in found]
-    if node is None and rank is None:
-        return found
-    return [
-        f.model_copy(update={"node": f.node or node, "rank": f.rank if f.rank is not None else rank}) for f in found
-    ]
+    if layout is None:
+        if node is None and rank is None:
+            return found
+        return [
+            f.model_copy(update={"node": f.node or node, "rank": f.rank if f.rank is not None else rank}) for f in found
+        ]
+    device = layout.device_of(name, node)
+    out = []
+    for f in found:
+        # A host name the line names (NCCL's prefix) is the node folder it was collected in; a server
+        # IP it names is the node the rank table or tool outputs place it on.
+        line_node = layout.node_of(f.node) if f.node is not None else None
+        # A line that names another place than its file's (HCCL's "Cluster Exception Location" naming
+        # the rank the others waited on, an abnormal device on another server) is that place's: the
+        # file's node, device and rank are the reporter's, not its.
+        # Only a rule's own `node` / `rank` groups name another place: the generic prefixes (NCCL's
+        # `host:pid:tid`, torchrun's `[rank3]:`) are the reporter's own.
+        foreign = ("node" in f.groups and line_node is not None and node is not None and line_node != node) or (
+            "rank" in f.groups and f.rank is not None and rank is not None and f.rank != rank
+        )
+        if not foreign and "node" in f.groups and line_node is not None and f.device is not None and rank is not None:
+            # ... or names a server and a device other than the file's rank's own (when the layout
+            # knows it): an abnormal device on this same node.
+            own = layout.ranks.get(rank)
+            foreign = own is not None and own.node == line_node and own.device not in (None, f.device)
+        f_node = line_node or (None if foreign else node)
+        f_device = f.device or (None if foreign else device)
+        f_rank = f.rank if f.rank is not None else (None if foreign else rank)
+        if f_rank is None:
+            f_rank = layout.rank_of(f_node, f_device)
+        if f_rank is None and f_device is not None and ":" in f_device:
+            f_rank = layout.rank_of_bus(f_node, f_device)
+        if f_rank is not None and (f_device is None or f_node is None):
+            known = layout.ranks.get(f_rank)
+            if known is not None and (f_node is None or known.node == f_node):
+                f_node = f_node or known.node
+                f_device = f_device or known.device
+        changed = (f_node, f_device, f_rank) != (f.node, f.device, f.rank)
+        out.append(f.model_copy(update={"node": f_node, "device": f_device, "rank": f_rank}) if changed else f)
+    return out
 
 
 def diagnose_paths(paths: Sequence[str], engine: Engine) -> Diagnosis:
@@ -172,16 +145,43 @@ def diagnose_paths(paths: Sequence[str], engine: Engine) -> Diagnosis:
     findings: list[Finding] = []
     ranks: dict[int, str | None] = {}
     lines = 0
+    layouts: list[Layout] = []
     for path in paths:
         root = path if path != "-" and Path(path).is_dir() else None
         names = expand_inputs([path])
         layout = Layout(names, root)
+        layouts.append(layout)
         for name, (found, n) in zip(names, scan_inputs(engine, names), strict=True):
             # A log whose own timestamps show its steps stopped long before it ends (hang_static).
             silent = silence_findings_in([name])
             findings.extend(attribute([*found, *silent], name, root, ranks, layout))
             lines += n
-    return correlate(findings, lines_scanned=lines, ranks_seen=ranks, rank_nodes=known_nodes(ranks))
+    return correlate_placed(findings, lines, ranks, layouts)
+
+
+def correlate_placed(
+    findings: list[Finding], lines: int, ranks: dict[int, str | None], layouts: Sequence[Layout]
+) -> Diagnosis:
+    """`correlate` with what the collected layouts say about ranks and IPs (the first one wins)."""
+    rank_places: dict[int, Place] = {}
+    ip_places: dict[str, str] = {}
+    for layout in layouts:
+        for rank, place in layout.rank_places().items():
+            rank_places.setdefault(rank, place)
+        for ip, where in layout.ip_places().items():
+            ip_places.setdefault(ip, where)
+    nodes = known_nodes(ranks)
+    for rank, place in rank_places.items():
+        if place.node is not None:
+            nodes.setdefault(rank, place.node)
+    return correlate(
+        findings,
+        lines_scanned=lines,
+        ranks_seen=ranks,
+        rank_nodes=nodes,
+        rank_devices={r: p.device for r, p in rank_places.items() if p.device is not None},
+        ip_places=ip_places,
+    )
 
 
 def known_nodes(ranks: dict[int, str | None]) -> dict[int, str]:
@@ -242,17 +242,22 @@ def diagnose_inputs(inputs: Sequence[LogInput], engine: Engine) -> Diagnosis:
     findings: list[Finding] = []
     lines = 0
     cache: dict[str, list[bytes]] = {}
+    # What the texts say about the layout (NCCL INFO lines, tool outputs), each with its known node.
+    layout = Layout([], None)
     for item in inputs:
         if item.text is not None:
             found = engine.scan_text(item.text, file=item.name)
             lines += item.text.count(b"\n") + 1
+            layout.learn(item.node, item.name, item.text)
         elif item.path is not None and (item.first_line > 1 or item.last_line is not None):
             data = _section(item.path, item.first_line, item.last_line, cache)
             found = engine.scan_text(data, file=item.name)
             lines += data.count(b"\n") + 1
+            layout.learn(item.node, item.name, data)
         elif item.path is not None:
             found, n = next(scan_inputs(engine, [item.path]))
             lines += n
+            layout.learn(item.node, item.name, read_head(item.path))
         else:
             continue
         wanted = _SOURCE_GROUPS.get(item.source, frozenset({item.source})) if item.source else None
@@ -272,5 +277,10 @@ def diagnose_inputs(inputs: Sequence[LogInput], engine: Engine) -> Diagnosis:
             if item.source is not None:
                 update["source"] = item.source
             findings.append(f.model_copy(update=update))
+    layout.finish()
+    for i, f in enumerate(findings):
+        rank = layout.rank_of(f.node, f.device) if f.rank is None else None
+        if rank is not None:
+            findings[i] = f.model_copy(update={"rank": rank})
     ranks = {item.rank: item.node for item in inputs if item.rank is not None}
-    return correlate(findings, lines_scanned=lines, ranks_seen=ranks, rank_nodes=known_nodes(ranks))
+    return correlate_placed(findings, lines, ranks, [layout])

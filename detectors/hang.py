@@ -337,6 +337,13 @@ class HangDetector:
         """Keys of the jobs with state (for telemetry and tests)."""
         return list(self._jobs)
 
+    def forget(self, job_key: str) -> None:
+        """Drop a job's state (its owner saw it end, or go idle, and let it go)."""
+        self._jobs.pop(job_key, None)
+
+    def __len__(self) -> int:
+        return len(self._jobs)
+
     # -- checking -------------------------------------------------------------------------------
 
     def check(self, now: float) -> list[Finding]:

@@ -22,6 +22,7 @@ from detectors.hang_schema import (
     MarkerHit,
     _MarkerFileHeader,
 )
+from trainmedic import cache
 from trainmedic.datafile import format_error, node_line, parse_yaml, short_text
 from trainmedic.errors import Problem, RuleLoadError
 
@@ -117,7 +118,9 @@ def _match_all(matcher: ProgressMatcher, text: str) -> list[MarkerHit]:
 def load_markers(path: Path | None = None) -> ProgressMarkers:
     """Load and validate a marker file (the shipped detectors/progress.yaml by default).
 
-    Raises RuleLoadError carrying every problem, each with file and line.
+    Raises RuleLoadError carrying every problem, each with file and line. A file that loads without
+    error is kept in the on-disk cache (trainmedic/cache.py), keyed by its path and bytes: the next
+    process skips parsing, validation and the examples (problems are never cached).
     """
     path = path or MARKERS_FILE
     name = str(path)
@@ -131,9 +134,16 @@ def load_markers(path: Path | None = None) -> ProgressMarkers:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise RuleLoadError([Problem(name, None, f"not UTF-8: {exc}")]) from None
-    good, problems = parse_markers(text, name)
-    if problems or not good:
-        raise RuleLoadError(problems or [Problem(name, None, "no markers")])
+    key = cache.make_key("markers", [name, raw]) if cache.cache_dir() is not None else None
+    cached = cache.load("markers", key) if key is not None else None
+    if isinstance(cached, list):
+        good: list[tuple[Marker, int | None]] = cached
+    else:
+        good, problems = parse_markers(text, name)
+        if problems or not good:
+            raise RuleLoadError(problems or [Problem(name, None, "no markers")])
+        if key is not None:
+            cache.store("markers", key, good)
     markers = tuple(m for m, _ in good)
     return ProgressMarkers(
         markers=markers,

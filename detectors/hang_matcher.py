@@ -22,6 +22,7 @@ from detectors.hang_schema import (
     _int_group,
     _number,
 )
+from trainmedic import cache
 
 _hs: Any
 try:
@@ -137,6 +138,27 @@ class _Compiled:
 _Step = tuple[_Compiled, tuple[str, ...] | None]
 
 
+def _keyword_database(exprs: list[bytes], ids: list[int]) -> Any:
+    """The Hyperscan database of the keyword literals: compiled once, then loaded from the on-disk
+    cache (trainmedic/cache.py) keyed by the expressions and their ids."""
+    assert _hs is not None
+    key = cache.make_key("hs-markers", [b"%d\0%s" % (i, e) for i, e in zip(ids, exprs, strict=True)])
+    blob: Any = cache.load("hs-markers", key)
+    if isinstance(blob, bytes):
+        try:
+            db = _hs.loadb(blob, _hs.HS_MODE_BLOCK)
+            db.scratch = _hs.Scratch(db)  # loadb leaves it without one
+            db.scan(b"\n", match_event_handler=lambda *_: None)  # refused when built for another CPU
+            return db
+        except Exception:  # noqa: BLE001, S110 - an entry this hyperscan cannot load: compile afresh
+            pass
+    db = _hs.Database(mode=_hs.HS_MODE_BLOCK)
+    db.compile(expressions=exprs, ids=ids, elements=len(exprs), flags=[0] * len(exprs))
+    if cache.cache_dir() is not None:
+        cache.store("hs-markers", key, _hs.dumpb(db))
+    return db
+
+
 class ProgressMatcher:
     """Finds progress/checkpoint/evaluation markers in log lines.
 
@@ -160,7 +182,8 @@ class ProgressMatcher:
             (m, re.compile(m.pattern), tuple(m.requires)) for m in self.markers
         ]
         self.keywords: tuple[str, ...] = tuple(
-            sorted({k for m in self.markers for k in m.keywords}, key=len, reverse=True)
+            # Longest first; ties in a fixed order, so the keyword database's cache key is stable.
+            sorted({k for m in self.markers for k in m.keywords}, key=lambda k: (-len(k), k))
         )
         if any("\n" in k for k in self.keywords):
             raise ValueError("a marker keyword must not contain a newline")
@@ -192,10 +215,8 @@ class ProgressMatcher:
         )
         self._hs_db: Any = None
         if self.fast:
-            db = _hs.Database(mode=_hs.HS_MODE_BLOCK)
             exprs = [re.escape(words[i]).encode("utf-8") for i in self._minimal]
-            db.compile(expressions=exprs, ids=list(self._minimal), elements=len(exprs), flags=[0] * len(exprs))
-            self._hs_db = db
+            self._hs_db = _keyword_database(exprs, list(self._minimal))
 
     # -- the straightforward per-line path ------------------------------------------------------
 

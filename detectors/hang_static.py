@@ -6,7 +6,7 @@ print. Each marker line (progress, checkpoint, evaluation, banner) that carries 
 is replayed through a `HangDetector` at that time, and the detector is checked once, at the time of
 the log's last timestamped line (the end of the log, or the error the job died with). A `hang`
 finding `no_progress` comes out when the steps had a known cadence and the silence after the last
-one outlasts the detector's deadline, computed with STATIC_SETTINGS: a longer floor and factor
+one outlasts the detector's deadline, computed with STATIC_FLOOR_S and STATIC_FACTOR: a longer floor and factor
 than live detection (120 s, 10 intervals), because a log also ends for benign reasons (a final
 save or upload with no marker, the teardown after the last step) and nothing can re-arm a static
 finding.
@@ -27,12 +27,17 @@ import re
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import islice
 from pathlib import Path
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
-from detectors.hang import HangDetector, HangSettings, MarkerKind
 from trainmedic.models import Finding, I18nText
 
-STATIC_SETTINGS = HangSettings(floor_s=120.0, factor=10.0)
+if TYPE_CHECKING:
+    from detectors.hang import HangSettings
+
+# STATIC_SETTINGS (HangSettings): a longer floor and factor than live detection. The hang detector
+# is imported only for a log long enough to show a stall (`diagnose` of a few lines starts faster).
+STATIC_FLOOR_S = 120.0
+STATIC_FACTOR = 10.0
 BATCH_LINES = 4096
 TIME_HEAD_CHARS = 120
 # The end of the log: the last timestamp within this many lines of a batch's end.
@@ -63,17 +68,31 @@ def line_time(line: str) -> float | None:
     return value
 
 
+# The fewest lines that can show a cadence of steps and a silence after it.
+MIN_LINES = 3
+
+
 def silence_findings(lines: Iterable[str], *, file: str, settings: HangSettings | None = None) -> list[Finding]:
     """The `hang` finding of one log whose steps stopped long before its last timestamp (or none)."""
-    det = HangDetector(settings=settings or STATIC_SETTINGS)
+    it = iter(lines)
+    first = list(islice(it, BATCH_LINES))
+    # Two steps and a silence after them take three timestamped lines: a short log with fewer is
+    # answered without loading the markers.
+    if len(first) < MIN_LINES or (
+        len(first) < BATCH_LINES and sum(line_time(ln) is not None for ln in first) < MIN_LINES
+    ):
+        return []
+    from detectors.hang import HangDetector, HangSettings, MarkerKind
+
+    det = HangDetector(settings=settings or HangSettings(floor_s=STATIC_FLOOR_S, factor=STATIC_FACTOR))
     matcher = det.markers.matcher
     job = f"file:{file}"
     started = False
     end: float | None = None
     last_step_no: int | None = None
     line_no = 0
-    it = iter(lines)
-    while batch := list(islice(it, BATCH_LINES)):
+    batch = first
+    while batch:
         batch = [ln.rstrip("\r\n") for ln in batch]
         seen: set[int] = set()
         for index, _piece, hits in matcher.hits(batch):
@@ -96,6 +115,7 @@ def silence_findings(lines: Iterable[str], *, file: str, settings: HangSettings 
                 end = t if end is None else max(end, t)
                 break
         line_no += len(batch)
+        batch = list(islice(it, BATCH_LINES))
     if not started or end is None:
         return []
     out: list[Finding] = []

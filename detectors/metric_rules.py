@@ -423,6 +423,10 @@ class MetricRules:
 
     # -- housekeeping ----------------------------------------------------------------------------
 
+    def size(self) -> int:
+        """Tracks and utilisation series held (the state gauge)."""
+        return len(self._tracks) + len(self._util)
+
     def forget(self, *, node: str | None = None, job_key: str | None = None) -> None:
         """Drop the state of a node (deleted) or of a job (finished)."""
         self._tracks = {
@@ -432,6 +436,11 @@ class MetricRules:
         }
         if node is not None:
             self._util = {k: v for k, v in self._util.items() if k[0] != node}
+
+    def forget_jobs(self, job_keys: set[str]) -> None:
+        """Drop the state of these jobs (one pass, however many)."""
+        if job_keys and any(k[0] in job_keys for k in self._tracks):
+            self._tracks = {k: v for k, v in self._tracks.items() if k[0] not in job_keys}
 
     def _prune(self, t: float) -> None:
         if self._last_prune is not None and t - self._last_prune < min(300.0, self.stale_after_s):

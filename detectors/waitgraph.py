@@ -18,7 +18,7 @@ Edges come from named groups of the findings, never from a rule's wording:
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from trainmedic.models import Finding
@@ -92,9 +92,12 @@ def _rank(value: str | int | None) -> str | None:
     return f"rank {int(text)}" if text.isdigit() else None
 
 
-def build(findings: Iterable[Finding]) -> WaitGraph:
+def build(findings: Iterable[Finding], ip_places: Mapping[str, str] | None = None) -> WaitGraph:
+    """The graph of the findings' waits. `ip_places`: what the collected layout says an IP is
+    ("rank 3" from a rank table, a node from its tool outputs); the findings' own `ip(rank)` pairs
+    come first."""
     found = list(findings)
-    ip_rank: dict[str, str] = {}
+    ip_rank: dict[str, str] = dict(ip_places or {})
     for f in found:
         g = f.groups
         for ip_key, rank_key in (("src_ip", "rank"), ("peer_ip", "peer_rank")):

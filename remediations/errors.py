@@ -12,16 +12,18 @@
     +-- FatalActionError      the agent itself cannot go on with the incident (its store is
                               unusable): logged and raised to the worker
 
-`classify` turns anything an action raised into one of these: the Kubernetes errors keep their own
-meaning (remediations.kube), a workload the adapters cannot handle is permanent, and any other
-exception is permanent too, so an incident is never left `acting` by an error nobody expected.
+Each is also on a branch of trainmedic.errors' one tree (TemporaryError / PermanentError /
+FatalError), which every layer raises on. `classify` turns anything an action raised into one of
+these by that branch alone: a Kubernetes 5xx or a watch to relist is temporary, a workload the
+adapters cannot handle or an RBAC refusal permanent, and any exception outside the tree is permanent
+too, so an incident is never left `acting` by an error nobody expected.
 """
 
 from __future__ import annotations
 
 import sqlite3
 
-from trainmedic.errors import TrainmedicError
+from trainmedic.errors import FatalError, PermanentError, TemporaryError, TrainmedicError, retry_meaning
 from trainmedic.models import I18nText
 
 
@@ -29,17 +31,16 @@ class RemediationError(TrainmedicError):
     """An action could not be carried out; the subclass says what happens next."""
 
 
-class TemporaryActionError(RemediationError):
+class TemporaryActionError(RemediationError, TemporaryError):
     """Try again after `delay`; with `escalate`, a person is told now (the wait passed its deadline)
     while the action keeps waiting: its journal must be carried to the end, not dropped."""
 
     def __init__(self, message: str, *, delay: float | None = None, escalate: bool = False) -> None:
-        super().__init__(message)
-        self.delay = delay
+        TemporaryError.__init__(self, message, delay=delay)
         self.escalate = escalate
 
 
-class PermanentActionError(RemediationError):
+class PermanentActionError(RemediationError, PermanentError):
     pass
 
 
@@ -53,28 +54,22 @@ class ActionBlocked(RemediationError):
         self.why = why
 
 
-class FatalActionError(RemediationError):
+class FatalActionError(RemediationError, FatalError):
     pass
 
 
 def classify(exc: BaseException) -> RemediationError:
-    """The retry meaning of an exception an action raised."""
-    from remediations.kube import ConflictError, KubeError, PermanentKubeError, TemporaryKubeError
-    from trainmedic.errors import TrainmedicError as _Base
-
+    """The retry meaning of an exception an action raised, read from trainmedic.errors' one tree
+    (the Kubernetes layer, the workload adapters, the watchers and the sinks all raise on it); the
+    incident store's own failures are fatal; anything outside the tree is permanent."""
     if isinstance(exc, RemediationError):
         return exc
-    if isinstance(exc, TemporaryKubeError):
-        return TemporaryActionError(str(exc), delay=exc.delay)
-    if isinstance(exc, ConflictError):
-        return TemporaryActionError(str(exc))
-    if isinstance(exc, PermanentKubeError):
-        return PermanentActionError(str(exc))
-    if isinstance(exc, KubeError):
-        return TemporaryActionError(str(exc))
-    if isinstance(exc, sqlite3.Error):
-        return FatalActionError(f"the incident store failed: {exc}")
-    if isinstance(exc, _Base):
+    kind = retry_meaning(exc)
+    if kind is TemporaryError:
+        return TemporaryActionError(str(exc), delay=getattr(exc, "delay", None))
+    if kind is FatalError or isinstance(exc, sqlite3.Error):
+        return FatalActionError(f"the incident store failed: {exc}" if isinstance(exc, sqlite3.Error) else str(exc))
+    if kind is PermanentError or isinstance(exc, TrainmedicError):
         return PermanentActionError(str(exc))
     return PermanentActionError(f"{type(exc).__name__}: {exc}")
 

@@ -61,7 +61,7 @@ from kubernetes import client as kclient
 from kubernetes.client.exceptions import ApiException
 
 from remediations.stacks import ExecResult, exec_in_pod
-from trainmedic.errors import TrainmedicError
+from trainmedic.errors import PermanentError, TemporaryError, TrainmedicError
 from trainmedic.models import FaultClass, I18nText
 
 __all__ = [
@@ -72,6 +72,9 @@ __all__ = [
     "CONDITION_TYPE",
     "LABEL_QUARANTINED",
     "PREFIX",
+    "PROBLEM_ACCELERATOR",
+    "PROBLEM_CONDITIONS",
+    "PROBLEM_NODE",
     "SCENE_FINALIZER",
     "TAINT_KEY",
     "ConflictError",
@@ -85,6 +88,7 @@ __all__ = [
     "ReleaseRefused",
     "TemporaryKubeError",
     "fault_reason",
+    "problem_condition",
 ]
 
 log = logging.getLogger("trainmedic.remediations.kube")
@@ -107,6 +111,15 @@ ANN_WAS_UNSCHEDULABLE = PREFIX + "was-unschedulable"
 QUARANTINE_ANNOTATIONS = (ANN_INCIDENT, ANN_QUARANTINED_AT, ANN_QUARANTINE_REASON, ANN_WAS_UNSCHEDULABLE)
 CONDITION_TYPE = "TrainmedicUnhealthy"
 RELEASED_REASON = "Released"
+# Node-level findings, as node-problem-detector reports problems: a condition per kind of problem
+# (status True, reason the fault class in CamelCase, message in English and Chinese) and an Event on
+# the Node. Events about a cluster-scoped object live in the `default` namespace.
+PROBLEM_ACCELERATOR = "TrainmedicAcceleratorProblem"
+PROBLEM_NODE = "TrainmedicNodeProblem"
+PROBLEM_CONDITIONS = (PROBLEM_ACCELERATOR, PROBLEM_NODE)
+ACCELERATOR_FAULTS = frozenset({FaultClass.DEVICE_ERROR.value, FaultClass.ACCELERATOR_OOM.value})
+NODE_EVENT_NAMESPACE = "default"
+EVENT_COMPONENT = "trainmedic"
 SCENE_FINALIZER = PREFIX + "scene"
 # The default bound of a log read (the end of the log is kept).
 LOG_BYTES = 1 << 20
@@ -129,7 +142,7 @@ class KubeError(TrainmedicError):
         self.hint = hint
 
 
-class PermanentKubeError(KubeError):
+class PermanentKubeError(KubeError, PermanentError):
     """Retrying will not help (RBAC, a missing object, an invalid request)."""
 
 
@@ -149,7 +162,7 @@ class ReleaseRefused(PermanentKubeError):
     """The node is quarantined by another incident than the one asking to release it."""
 
 
-class TemporaryKubeError(KubeError):
+class TemporaryKubeError(KubeError, TemporaryError):
     """Worth retrying after `delay` seconds (the server's Retry-After when it sent one)."""
 
     def __init__(self, message: str, *, delay: float | None = None, status: int | None = None) -> None:
@@ -157,8 +170,11 @@ class TemporaryKubeError(KubeError):
         self.delay = delay
 
 
-class ConflictError(KubeError):
-    """409: the object changed since it was read, or one of that name already exists."""
+class ConflictError(KubeError, TemporaryError):
+    """409: the object changed since it was read, or one of that name already exists (read it again
+    and decide again: temporary, no delay)."""
+
+    delay = None
 
     def __init__(self, message: str) -> None:
         super().__init__(message, status=409)
@@ -973,6 +989,14 @@ class KubeOps:
             log.info("node %s is already quarantined by incident %s (asked by %s)", node, already_by, incident_id)
         return QuarantineResult(node, changed, already_by, seen.get("incident"))
 
+    async def annotate_node(self, node: str, name: str, value: str | None) -> None:
+        """Set (or, with None, remove) one annotation of a node, leaving the rest alone (a merge patch:
+        no read first, so it is one round trip; the circuit breaker's claims are written this way)."""
+        _check_names(node=node)
+        what = _What("patch", NODES, name=node)
+        patch = {"metadata": {"annotations": {name: value}}}
+        await self._request(what, self.core.patch_node, node, patch, _content_type=MERGE_PATCH)
+
     async def release_node(self, node: str, *, incident_id: str | None = None) -> bool:
         """Undo exactly what `quarantine_node` did: our taint, label and annotations go, the condition
         turns False (Released), and the node is uncordoned only if it was schedulable before.
@@ -987,7 +1011,10 @@ class KubeOps:
             taints = [t for t in _list(spec.get("taints")) if isinstance(t, dict)]
             conds = _list(_map(obj.get("status")).get("conditions"))
             ours_cond = any(
-                isinstance(c, dict) and c.get("type") == CONDITION_TYPE and c.get("status") == "True" for c in conds
+                isinstance(c, dict)
+                and c.get("type") in (CONDITION_TYPE, *PROBLEM_CONDITIONS)
+                and c.get("status") == "True"
+                for c in conds
             )
             quarantined = (
                 LABEL_QUARANTINED in labels
@@ -1042,20 +1069,30 @@ class KubeOps:
 
         def change_status(obj: JSON) -> JSON | None:
             conds = [c for c in _list(_map(obj.get("status")).get("conditions")) if isinstance(c, dict)]
-            ours = next((c for c in conds if c.get("type") == CONDITION_TYPE), None)
-            if ours is None or ours.get("status") == "False":
+            ours = [
+                c
+                for c in conds
+                if c.get("type") in (CONDITION_TYPE, *PROBLEM_CONDITIONS) and c.get("status") != "False"
+            ]
+            if not ours:
                 return None
             now = rfc3339()
-            cond = {
-                "type": CONDITION_TYPE,
-                "status": "False",
-                "reason": RELEASED_REASON,
-                "message": "released by trainmedic" + (f" (incident {incident_id})" if incident_id else ""),
-                "lastHeartbeatTime": now,
-                "lastTransitionTime": now,
-            }
-            return {"status": {"conditions": _replace_condition(conds, cond)}}
+            for c in ours:
+                cond = {
+                    "type": c["type"],
+                    "status": "False",
+                    "reason": RELEASED_REASON,
+                    "message": "released by trainmedic"
+                    + (f" (incident {incident_id})" if incident_id else "")
+                    + " / 已由 trainmedic 解除隔离",
+                    "lastHeartbeatTime": now,
+                    "lastTransitionTime": now,
+                }
+                conds = _replace_condition(conds, cond)
+            cleared.extend(str(c["type"]) for c in ours)
+            return {"status": {"conditions": conds}}
 
+        cleared: list[str] = []
         status_what = _What("patch", NODES, name=node, sub="status")
         await self._read_modify_write(
             get,
@@ -1066,6 +1103,106 @@ class KubeOps:
             status_what,
             missing_ok=True,
         )
+        if any(t in PROBLEM_CONDITIONS for t in cleared):
+            await self.node_event(
+                node,
+                key=f"released-{incident_id or 'manual'}",
+                event_type="Normal",
+                reason="TrainmedicNodeReleased",
+                message="released by trainmedic: the node takes new pods again / "
+                "已由 trainmedic 解除隔离，节点重新接收新 Pod",
+                best_effort=True,
+            )
+        return True
+
+    async def report_node_problem(
+        self, node: str, *, incident_id: str, fault_class: FaultClass | str, message: I18nText
+    ) -> bool:
+        """A node-level fault as node-problem-detector reports one: the condition of its kind
+        (problem_condition) set True with the fault class as reason and the message in both languages,
+        and a Warning Event on the Node. Idempotent per incident (the condition is rewritten only when
+        it changes; the Event has a name per incident). False when the node is gone."""
+        fault = str(fault_class)
+        kind = problem_condition(fault)
+        reason = fault_reason(fault)
+        text = _bounded(f"{message.en} / {message.zh} (trainmedic incident {incident_id})")
+
+        def change_status(obj: JSON) -> JSON | None:
+            conds = [c for c in _list(_map(obj.get("status")).get("conditions")) if isinstance(c, dict)]
+            ours = next((c for c in conds if c.get("type") == kind), None)
+            if ours is not None and (ours.get("status"), ours.get("reason"), ours.get("message")) == (
+                "True",
+                reason,
+                text,
+            ):
+                return None
+            now = rfc3339()
+            was_true = ours is not None and ours.get("status") == "True"
+            cond = {
+                "type": kind,
+                "status": "True",
+                "reason": reason,
+                "message": text,
+                "lastHeartbeatTime": now,
+                "lastTransitionTime": (ours or {}).get("lastTransitionTime") if was_true else now,
+            }
+            return {"status": {"conditions": _replace_condition(conds, cond)}}
+
+        status_what = _What("patch", NODES, name=node, sub="status")
+        outcome = await self._read_modify_write(
+            lambda: self.get_node(node),
+            change_status,
+            lambda patch: self._request(
+                status_what, self.core.patch_node_status, node, patch, _content_type=MERGE_PATCH
+            ),
+            status_what,
+            missing_ok=True,
+        )
+        if outcome == "missing":
+            return False
+        await self.node_event(node, key=incident_id, event_type="Warning", reason=reason, message=text)
+        return outcome == "written"
+
+    async def node_event(
+        self,
+        node: str,
+        *,
+        key: str,
+        event_type: Literal["Normal", "Warning"],
+        reason: str,
+        message: str,
+        best_effort: bool = False,
+    ) -> bool:
+        """An Event about the Node (core/v1, in `default`, as the kubelet and node-problem-detector
+        write them): `kubectl describe node` shows it. One per `key`: a retry finds its own (409).
+        With `best_effort`, a failure is logged instead of raised (a release must not fail on it)."""
+        now = rfc3339()
+        body: JSON = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": _event_name(node, key), "namespace": NODE_EVENT_NAMESPACE},
+            # node-problem-detector's convention: a Node's uid in its events is its name.
+            "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": node, "uid": node},
+            "type": event_type,
+            "reason": reason,
+            "message": _bounded(message),
+            "source": {"component": EVENT_COMPONENT, "host": node},
+            "reportingComponent": EVENT_COMPONENT,
+            "reportingInstance": node,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        what = _What("create", EVENTS, NODE_EVENT_NAMESPACE, name=body["metadata"]["name"])
+        try:
+            await self._request(what, self.core.create_namespaced_event, NODE_EVENT_NAMESPACE, body)
+        except ConflictError:
+            return False  # already written (a retry, or the same incident again)
+        except KubeError as e:
+            if not best_effort:
+                raise
+            log.warning("node %s: the %s event was not written: %s", node, reason, e)
+            return False
         return True
 
     async def quarantined_nodes(self) -> list[JSON]:
@@ -1131,11 +1268,25 @@ def _is_our_taint(t: Mapping[str, Any]) -> bool:
 
 
 def _replace_condition(conds: Sequence[JSON], cond: JSON) -> list[JSON]:
-    """The conditions with ours replaced in place (or appended); everyone else's kept as they are."""
-    out = [cond if c.get("type") == CONDITION_TYPE else c for c in conds]
-    if not any(c.get("type") == CONDITION_TYPE for c in conds):
+    """The conditions with ours (of `cond`'s type) replaced in place (or appended); everyone else's
+    kept as they are."""
+    kind = cond.get("type")
+    out = [cond if c.get("type") == kind else c for c in conds]
+    if not any(c.get("type") == kind for c in conds):
         out.append(cond)
     return out
+
+
+def problem_condition(fault_class: FaultClass | str) -> str:
+    """The node-problem-detector style condition type of a node-level fault: the accelerator's own
+    faults on TrainmedicAcceleratorProblem, the rest on TrainmedicNodeProblem."""
+    return PROBLEM_ACCELERATOR if str(fault_class) in ACCELERATOR_FAULTS else PROBLEM_NODE
+
+
+def _event_name(node: str, key: str) -> str:
+    """A stable Event name per node and occurrence (a retried create finds its own: 409)."""
+    safe = re.sub(r"[^a-z0-9.-]+", "-", f"{node}.trainmedic-{key}".lower()).strip("-.")
+    return safe[:253]
 
 
 def _check_names(**names: str | None) -> None:

@@ -1,8 +1,8 @@
 """The remediation policy: what to do about a diagnosis, as data, with the safety rails built in.
 
 A policy file (`policy.yaml` ships as the default) says, for each kind of failure, which actions
-to take (quarantine the node, restart the job from its checkpoint, raise its memory limit,
-notify), and bounds them:
+to take (quarantine the node, take the training processes' stacks, restart the job from its
+checkpoint, raise its memory limit, notify), and bounds them:
 
 - `mode`: observe (diagnose and notify only) | dry-run (plan recorded, nothing changed) |
   approve (plan recorded, a person approves) | enforce (act). Namespaces may override it.
@@ -14,7 +14,9 @@ notify), and bounds them:
   (`FaultFrequency`: EventId, TimeWindow, Times, FaultHandling): the same fault on the same node
   (or device) k times within a window adds a node quarantine ahead of the restart.
 - `circuit_breaker`: never quarantine more than a share of a node pool within a window; past it,
-  quarantines are dropped, a person is paged, and the breaker stays open for the window.
+  quarantines are dropped, a person is paged, and the breaker stays open for the window. The share
+  taken is read from the cluster (the pool's tainted nodes, and the claims brains write on nodes
+  right before tainting them: `pool_claims`), so brains that share only the cluster agree on it.
 - a workload annotated `trainmedic.io/remediate: "false"` gets notifications only.
 
 `Policy.decide` is pure given the `PolicyState` (recent history, see policy_state.py): it never
@@ -82,6 +84,7 @@ class ActionName(StrEnum):
     QUARANTINE_NODE = "quarantine_node"
     RESTART_FROM_CHECKPOINT = "restart_from_checkpoint"
     RAISE_MEMORY_LIMIT = "raise_memory_limit"
+    DUMP_STACKS = "dump_stacks"
     NOTIFY = "notify"
 
 
@@ -304,13 +307,22 @@ class RaiseMemorySpec(_Model):
         return parse_quantity(self.max)
 
 
+class DumpStacksSpec(_Model):
+    """Take the Python stacks of the job's training processes (py-spy, or the SIGUSR1 faulthandler
+    dump) into the incident's scene right before a restart kills them; never blocks what follows."""
+
+    action: Literal["dump_stacks"]
+
+
 class NotifySpec(_Model):
     """Tell the team (report, webhooks)."""
 
     action: Literal["notify"]
 
 
-ActionSpec = Annotated[QuarantineSpec | RestartSpec | RaiseMemorySpec | NotifySpec, Field(discriminator="action")]
+ActionSpec = Annotated[
+    QuarantineSpec | RestartSpec | RaiseMemorySpec | DumpStacksSpec | NotifySpec, Field(discriminator="action")
+]
 
 
 class PolicyRule(_Model):
@@ -595,6 +607,28 @@ EV_DONE = "done"  # key: incident + action (commit is idempotent per incident an
 # A quarantine reserved before the node is tainted holds its place this long: longer than any read of
 # the nodes can be stale, so a node tainted since that read is still counted once, by its name.
 RESERVATION_HOLD_S = 900.0
+# The annotation a brain writes on a node right before it taints it: `<epoch seconds> <incident id>`.
+# Every brain ranks the pool's claims alike (oldest first, then by node name), so brains that share
+# nothing but the cluster take no more than the pool's share between them.
+CLAIM_ANNOTATION = TAINT_PREFIX + "breaker-claim"
+
+
+def format_claim(t: float, incident_id: str) -> str:
+    return f"{t:.6f} {incident_id}"
+
+
+def parse_claim(value: object) -> tuple[float, str] | None:
+    """(t, incident id) of a claim annotation; None when absent or not one."""
+    if not isinstance(value, str):
+        return None
+    at, _, incident = value.partition(" ")
+    try:
+        t = float(at)
+    except ValueError:
+        return None
+    return (t, incident) if math.isfinite(t) else None
+
+
 _EVER = float("-inf")
 
 
@@ -716,6 +750,34 @@ class Policy:
             if any(isinstance(t, Mapping) and str(t.get("key", "")).startswith(TAINT_PREFIX) for t in taints):
                 out.add(meta["name"])
         return frozenset(out)
+
+    def pool_claims(
+        self, node: str | None, nodes: Iterable[Mapping[str, Any]], since: float
+    ) -> list[tuple[float, str]]:
+        """The breaker claims (`trainmedic.io/breaker-claim`, written by any brain right before it
+        taints a node) on the nodes of `node`'s pool made at `t >= since`, as (t, node), oldest first:
+        the order every brain ranks them in."""
+        nodes = list(nodes)
+        pool, _ = self.pool_of(node, nodes)
+        out: list[tuple[float, str]] = []
+        for obj in nodes:
+            meta = obj.get("metadata") if isinstance(obj, Mapping) else None
+            if not isinstance(meta, Mapping) or not isinstance(meta.get("name"), str):
+                continue
+            if self.pool_of(meta["name"], nodes)[0] != pool:
+                continue
+            ann = meta.get("annotations")
+            claim = parse_claim(ann.get(CLAIM_ANNOTATION) if isinstance(ann, Mapping) else None)
+            if claim is not None and claim[0] >= since:
+                out.append((claim[0], meta["name"]))
+        return sorted(out)
+
+    def breaker_refusal(
+        self, node: str, ctx: PolicyContext, state: PolicyState, done: int, *, incident_id: str | None = None
+    ) -> I18nText:
+        """Why `node` is not quarantined (its pool's share is taken); the breaker is recorded open."""
+        self.commit_breaker(ctx, state, incident_id=incident_id)
+        return self._breaker_text(ctx, node, done, self.spec.circuit_breaker.allowed(ctx.pool_size))
 
     # -- escalation --
 
@@ -1021,6 +1083,8 @@ class Policy:
                 "code": rc.code,
                 "pool": ctx.pool,
             }
+        if isinstance(spec, DumpStacksSpec):
+            return {"job_key": ctx.job_key}
         if isinstance(spec, RaiseMemorySpec):
             return {
                 "job_key": ctx.job_key,
@@ -1135,6 +1199,11 @@ def _reason(spec: ActionSpec, rc: RootCause, ctx: PolicyContext) -> I18nText:
         return _t(
             f"Restart {job} from its latest complete checkpoint after {what}.",
             f"在 {what_zh} 之后，从最近的完整检查点重启 {job}。",
+        )
+    if isinstance(spec, DumpStacksSpec):
+        return _t(
+            f"Take the Python stacks of {job}'s training processes into the scene before anything restarts them.",
+            f"在重启之前，将 {job} 训练进程的 Python 调用栈保存到现场。",
         )
     if isinstance(spec, RaiseMemorySpec):
         return _t(
@@ -1287,6 +1356,7 @@ __all__ = [
     "ActionName",
     "Backoff",
     "CircuitBreaker",
+    "DumpStacksSpec",
     "EscalationRule",
     "Match",
     "Mode",

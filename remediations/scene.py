@@ -10,7 +10,9 @@ for tools that analyse it again (`trainmedic diagnose --scene DIR`):
                                not be collected and why; the limits used
         findings.json          the diagnosis (DESIGN.md's contract JSON), each finding with its place
                                and its evidence: the line in this bundle's own files where it is
-        logs/<pod>/<container>.log (+ .previous.log after a restart)   the last N lines of each
+        layout/<node>/rank<R>_<pod>_<container>.log (+ .previous.log after a restart)   the last N
+                               lines of each container, one folder per node as collected logs
+                               are laid out (`diagnose --logs` of the bundle places them too)
         events.yaml            core/v1 events about the job, its pods and their nodes
         objects/workload.yaml  the workload as it was: what a crashed restart recreates it from
         objects/pods/<pod>.yaml, objects/nodes/<node>.yaml
@@ -835,6 +837,16 @@ class _PodInfo:
     containers: list[dict[str, Any]]
 
 
+def _log_rel(p: _PodInfo, c: Mapping[str, Any], *, previous: bool) -> str:
+    """Where a container's log goes: `layout/<node>/rank<R>_<pod>_<container>[.previous].log`, the
+    collected layout `diagnose --logs` reads (detectors/layout.py: one folder per node, the rank in
+    the name), so the bundle diagnosed as a directory places its findings as `--scene` does. A pod
+    with no node goes under `layout/_unscheduled/`; one with no rank has no `rank<R>_`."""
+    node = _safe(p.node) if p.node else "_unscheduled"
+    rank = f"rank{p.rank}_" if p.rank is not None else ""
+    return f"layout/{node}/{rank}{p.file}_{c['file']}{'.previous' if previous else ''}.log"
+
+
 def _rank_env(pod: Mapping[str, Any]) -> int | None:
     for c in _list(_map(pod.get("spec")).get("containers")):
         for item in _list(_map(c).get("env")):
@@ -1088,8 +1100,8 @@ async def _build(writer: _Writer, inputs: SceneInputs, source: SceneSource, sett
                     {
                         "name": c["name"],
                         "restarts": c["restarts"],
-                        "log": _present(by_path, f"logs/{p.file}/{c['file']}.log"),
-                        "previous_log": _present(by_path, f"logs/{p.file}/{c['file']}.previous.log"),
+                        "log": _present(by_path, _log_rel(p, c, previous=False)),
+                        "previous_log": _present(by_path, _log_rel(p, c, previous=True)),
                     }
                     for c in p.containers
                 ],
@@ -1135,7 +1147,7 @@ async def _collect_logs(
     gate = asyncio.Semaphore(max(1, settings.concurrency))
 
     async def one(p: _PodInfo, c: dict[str, Any], previous: bool) -> None:
-        rel = f"logs/{p.file}/{c['file']}{'.previous' if previous else ''}.log"
+        rel = _log_rel(p, c, previous=previous)
         mine = [
             i
             for i, f in enumerate(findings)

@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any, Protocol
 
-from trainmedic.errors import TrainmedicError
+from trainmedic.errors import PermanentError
 from trainmedic.models import I18nText
 
 __all__ = [
@@ -135,7 +135,7 @@ _MAX_DEPTH = 64
 # -- errors ----------------------------------------------------------------------------------------
 
 
-class WorkloadError(TrainmedicError):
+class WorkloadError(PermanentError):
     """A workload that cannot be recreated as asked. Permanent: retrying gives the same answer."""
 
     def __init__(self, en: str, zh: str) -> None:

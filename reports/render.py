@@ -6,7 +6,7 @@ from typing import Any
 
 from jinja2 import Environment, PackageLoader, StrictUndefined
 
-from trainmedic.models import Diagnosis
+from trainmedic.models import Diagnosis, where_words
 
 MAX_EVIDENCE = 12
 
@@ -65,9 +65,11 @@ def context(diagnosis: Diagnosis, lang: str) -> dict[str, Any]:
     rc = diagnosis.root_cause
     evidence = []
     for f in diagnosis.findings[:MAX_EVIDENCE]:
+        place = where_words(f.node, f.device, f.rank, lang)
+        sep = "，" if lang == "zh" else ", "
         evidence.append(
             {
-                "where": f"{f.file or '-'}:{f.line_no or '-'}",
+                "where": f"{f.file or '-'}:{f.line_no or '-'}" + (f" [{sep.join(place)}]" if place else ""),
                 "rule_id": f.rule_id,
                 "code": f.code,
                 "fault_class": f.fault_class.value,
@@ -92,6 +94,9 @@ def context(diagnosis: Diagnosis, lang: str) -> dict[str, Any]:
         if rc is None
         else {
             **rc.contract_dict(lang),
+            # The chain and the candidates with their node and device where the logs say them.
+            "chain": [p.label(lang) for p in rc.chain_places] or list(rc.chain),
+            "candidates": [p.label(lang) for p in rc.candidate_places] or list(rc.candidates),
             "occurrences": rc.occurrences,
             "where": ", ".join(where) if lang == "en" else "，".join(where),
         },

@@ -83,6 +83,8 @@ _GROUPS = (
     "timeline",
     "metric",
     "recommend",
+    "outcome",
+    "now",
 )
 CHART_WIDTH = 720
 CHART_HEIGHT = 220

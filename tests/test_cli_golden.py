@@ -48,10 +48,12 @@ def test_json_contract_shape(capsys: pytest.CaptureFixture[str], monkeypatch: py
     assert main(["diagnose", "--logs", "examples/gpu-fell-off-bus", "--format", "json"]) == 0
     out = json.loads(capsys.readouterr().out)
     contract = {"fault_class", "chip", "code", "vendor_action", "action", "node", "device", "rank", "summary", "hint"}
-    # docs/contracts.md: the wait chain and the candidates are additions to the shape.
-    assert set(out["root_cause"]) == contract | {"chain", "candidates"}
+    # docs/contracts.md: the wait chain and the candidates (with their places) are additions to the shape.
+    assert set(out["root_cause"]) == contract | {"chain", "candidates", "chain_places", "candidate_places"}
     for finding in out["findings"]:
         assert {"rule_id", "fault_class", "chip", "code", "source", "line_no", "text"} <= set(finding)
+        # ... and each finding's place, null where the logs do not say it.
+        assert {"node", "device", "rank"} <= set(finding)
 
 
 @pytest.mark.parametrize("control", ["\u009b31m", "\u0085", "\u009d0;title\u009c", "\x1b[2J", "\x07"])

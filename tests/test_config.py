@@ -68,3 +68,26 @@ def test_split_roles_need_kafka(role: Role) -> None:
     assert check_role(s, role)
     s = load_settings(None, env={"TRAINMEDIC_BUS__KIND": "kafka"})
     assert check_role(s, role) == []
+
+
+@pytest.mark.parametrize(
+    ("kind", "url", "secrets"),
+    [
+        ("cloudevents", "https://hookuser:PASSWORDSECRET@events.example.invalid/in", ("PASSWORDSECRET", "hookuser")),
+        ("cloudevents", "https://ev.example.invalid/in?token=QUERYSECRET&sig=QUERYSIG", ("QUERYSECRET", "QUERYSIG")),
+        ("slack", "https://chat.example.invalid/services/T0SECRET1/B0SECRET2/XSECRET3", ("T0SECRET1", "XSECRET3")),
+        ("feishu", "https://chat.example.invalid/open-apis/bot/v2/hook/HOOKSECRET-1234", ("HOOKSECRET",)),
+    ],
+)
+def test_config_show_prints_no_url_credentials(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], kind: str, url: str, secrets: tuple[str, ...]
+) -> None:
+    from agent.cli import main
+
+    cfg = tmp_path / "trainmedic.yaml"
+    cfg.write_text(f"notify:\n  sinks:\n    - kind: {kind}\n      url: '{url}'\n")
+    assert main(["config", "show", "--config", str(cfg)]) == 0
+    out = capsys.readouterr().out
+    assert "example.invalid" in out
+    for secret in secrets:
+        assert secret not in out, f"{secret} shown"

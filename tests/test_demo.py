@@ -161,7 +161,7 @@ async def test_demo_fault_end_to_end(fault: str, tmp_path: Path) -> None:
     scene = Path(doc["scene_dir"])
     manifest = json.loads((scene / "manifest.json").read_text())
     paths = {f["path"] for f in manifest["files"]}
-    assert any(p.startswith("logs/") for p in paths) and "objects/workload.yaml" in paths
+    assert any(p.startswith("layout/") for p in paths) and "objects/workload.yaml" in paths
     assert manifest["root_cause"]["code"] == want["code"]
 
     # Notifications reached the local receiver, signed; the report was written.

@@ -53,9 +53,9 @@ WORKLOAD_KINDS = {"Deployment", "DaemonSet", "StatefulSet"}
 READ_VERBS = {"get", "list", "watch"}
 VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
 
-# The only things trainmedic creates or deletes: the exec sessions of stack dumps, and the training
-# workloads a restart from checkpoint replaces (remediations/kube.py WORKLOADS).
-CREATE_ALLOWED = {("", "pods/exec")} | {(r.group, r.plural) for r in kube_mod.WORKLOADS.values()}
+# The only things trainmedic creates or deletes: the exec sessions of stack dumps, the training
+# workloads a restart from checkpoint replaces (remediations/kube.py WORKLOADS), and Events on a Node.
+CREATE_ALLOWED = {("", "pods/exec"), ("", "events")} | {(r.group, r.plural) for r in kube_mod.WORKLOADS.values()}
 DELETE_ALLOWED = {(r.group, r.plural) for r in kube_mod.WORKLOADS.values()}
 
 Doc = dict[str, Any]
@@ -190,7 +190,9 @@ def env_file(path: Path) -> dict[str, str]:
 
 
 def deploy_yaml_files() -> list[Path]:
-    return [*sorted(p for p in DEPLOY.rglob("*") if p.suffix in (".yaml", ".yml")), COMPOSE_FILE]
+    # Helm templates are Go templates, not YAML (tests/test_helm.py renders them).
+    files = (p for p in DEPLOY.rglob("*") if p.suffix in (".yaml", ".yml") and "templates" not in p.parts)
+    return [*sorted(files), COMPOSE_FILE]
 
 
 @pytest.mark.parametrize("path", deploy_yaml_files(), ids=lambda p: str(p.relative_to(ROOT)))
@@ -226,6 +228,10 @@ def test_kustomization_names_only_existing_files(kpath: Path) -> None:
         assert path.is_relative_to(kpath.parent.resolve()), f"{kpath}: {rel} is outside {kpath.parent}"
 
 
+# Folders checked by tests of their own: tests/test_deploy_allinone.py, tests/test_helm.py.
+OWN_TESTS = ("all-in-one", "monitoring", "helm")
+
+
 def test_every_file_in_deploy_is_used() -> None:
     """No manifest is forgotten: each file under deploy/ is a kustomization, named by one, or part of
     the compose setup (used by docker-compose.yml, checked below)."""
@@ -238,6 +244,7 @@ def test_every_file_in_deploy_is_used() -> None:
         and p.resolve() not in used
         and p.resolve() not in kustomizations
         and not p.is_relative_to(COMPOSE_DIR)
+        and not any(p.is_relative_to(DEPLOY / d) for d in OWN_TESTS)
     ]
     assert unused == [], f"files under deploy/ that no kustomization names: {unused}"
 
@@ -495,6 +502,11 @@ def test_brain_rights_are_exactly_what_the_responder_uses() -> None:
     needed: set[Grant] = set()
     for verb, group, resource, namespaced in kubeops_calls():
         needed.add(("namespace" if namespaced else "cluster", group, resource, verb))
+    # Events on a Node (node-problem-detector style) live in `default`, not a training namespace:
+    # granted with the node rights.
+    assert "NODE_EVENT_NAMESPACE, body" in Path(kube_mod.__file__).read_text(encoding="utf-8")
+    needed.discard(("namespace", "", "events", "create"))
+    needed.add(("cluster", "", "events", "create"))
     # Stack dumps: remediations/stacks.py opens the exec WebSocket (a GET; authorized as `get`, and
     # from Kubernetes 1.35 also as `create`).
     stacks = (ROOT / "remediations" / "stacks.py").read_text(encoding="utf-8")

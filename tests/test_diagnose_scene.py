@@ -191,8 +191,18 @@ def test_container_logs_keep_their_pod_rank_and_node(tmp_path: Path, capsys: pyt
     assert out["root_cause"]["fault_class"] == "accelerator_oom"
     assert (out["root_cause"]["node"], out["root_cause"]["rank"], out["root_cause"]["device"]) == ("node-b", 1, "0")
     (oom,) = [f for f in out["findings"] if f["fault_class"] == "accelerator_oom"]
-    assert oom["file"] == "logs/llama-1/trainer.log" and oom["line_no"] == len(HEALTHY) + 1
+    assert oom["file"] == "layout/node-b/rank1_llama-1_trainer.log" and oom["line_no"] == len(HEALTHY) + 1
     assert oom["source"] == "container_log"
+    # The bundle is also a collected layout (layout/<node>/rank<R>_<pod>_<container>.log): diagnosed as
+    # a directory it places the root the same way.
+    assert main(["diagnose", "--logs", str(result.dir), "--format", "json"]) == 0
+    as_dir = json.loads(capsys.readouterr().out)["root_cause"]
+    assert (as_dir["fault_class"], as_dir["node"], as_dir["rank"], as_dir["device"]) == (
+        "accelerator_oom",
+        "node-b",
+        1,
+        "0",
+    )
 
 
 # -- bundles that cannot be used -------------------------------------------------------------------------
@@ -200,7 +210,7 @@ def test_container_logs_keep_their_pod_rank_and_node(tmp_path: Path, capsys: pyt
 
 def _break(kind: str, d: Path) -> None:
     manifest = d / "manifest.json"
-    log = d / "logs/llama-0/trainer.log"
+    log = d / "layout/node-a/rank0_llama-0_trainer.log"
     if kind == "no-manifest":
         manifest.unlink()
     elif kind == "not-json":

@@ -27,7 +27,8 @@ from detectors.loader import RuleSet, load_rules
 from detectors.schema import Rule
 from trainmedic.models import Finding
 
-CORPUS = Path("/work/shared/corpus/real-logs.jsonl")
+# The shared corpus: ../shared next to the repository root.
+CORPUS = Path(__file__).resolve().parent.parent.parent / "shared" / "corpus" / "real-logs.jsonl"
 
 # (rule_id, code) -> (count, first line, last line)
 Summary = dict[tuple[str, str], tuple[int, int, int]]

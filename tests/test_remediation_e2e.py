@@ -315,7 +315,9 @@ async def test_xid79_quarantines_the_node_and_resumes_the_job_elsewhere(env: Env
     # Evidence first: the scene holds both pods' logs, the objects and the checkpoint listing.
     manifest = json.loads((env.tmp / "scenes" / incident_id / "manifest.json").read_text())
     paths = {f["path"] for f in manifest["files"]}
-    assert {f"logs/{p['metadata']['name']}/trainer.log" for p in pods} <= paths
+    logs = {c["log"] for p in manifest["pods"] for c in p["containers"]}
+    assert {p["name"] for p in manifest["pods"]} >= {p["metadata"]["name"] for p in pods}
+    assert logs <= paths and all(x.startswith("layout/") for x in logs)
     assert "objects/workload.yaml" in paths and "checkpoints.json" in paths and "kernel.log" in paths
     assert manifest["root_cause"]["code"] == "xid:79"
     listing = json.loads((env.tmp / "scenes" / incident_id / "checkpoints.json").read_text())

@@ -831,7 +831,10 @@ def test_evidence_is_capped(tmp_path: Path) -> None:
     assert "150" in render_report(ctx, fmt="md", lang="en")
 
 
-@pytest.mark.parametrize("rel", ["kernel.log", "logs/llama-worker-1/trainer.log", "logs/llama-worker-0/trainer.log"])
+@pytest.mark.parametrize(
+    "rel",
+    ["kernel.log", "layout/gpu-b/rank1_llama-worker-1_trainer.log", "layout/gpu-a/rank0_llama-worker-0_trainer.log"],
+)
 def test_lines_read_from_the_end_match_a_forward_read(rel: str, built: Built) -> None:
     from agent.reporting import _Bundle
 
@@ -894,7 +897,7 @@ def test_a_link_out_of_the_bundle_is_not_followed(tmp_path: Path) -> None:
     built = build_incident(tmp_path)
     secret = tmp_path / "secret.log"
     secret.write_text("TOP SECRET\n" * 40, encoding="utf-8")
-    log = built.scene_dir / "logs" / "llama-worker-1" / "trainer.log"
+    log = built.scene_dir / "layout" / "gpu-b" / "rank1_llama-worker-1_trainer.log"
     log.unlink()
     log.symlink_to(secret)
     store = built.store()

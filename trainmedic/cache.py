@@ -50,6 +50,11 @@ _CODE_FILES = (
     "detectors/anchors.py",
     "detectors/localize.py",
     "detectors/phase.py",
+    # The progress markers (detectors/progress.yaml) and their matcher's keyword database.
+    "detectors/hang_schema.py",
+    "detectors/hang_markers.py",
+    "detectors/hang_matcher.py",
+    "detectors/hang_regex.py",
     # Rule examples are checked through the phase markers and the catalogs' classes
     # (`catalog_class`): a change there must re-check them.
     "rules/phases/phases.yaml",

@@ -129,7 +129,8 @@ class Finding(BaseModel):
     consequence_of: str | None = None
 
     def contract_dict(self) -> dict[str, object]:
-        """The finding as DESIGN.md's `diagnose --format json` shape (plus `file` and `count`)."""
+        """The finding as DESIGN.md's `diagnose --format json` shape (plus `file` and `count`, and
+        `node`, `device`, `rank` where the logs or their layout say them, else null)."""
         return {
             "rule_id": self.rule_id,
             "fault_class": self.fault_class.value,
@@ -140,7 +141,38 @@ class Finding(BaseModel):
             "text": self.text,
             "file": self.file,
             "count": self.count,
+            "node": self.node,
+            "device": self.device,
+            "rank": self.rank,
         }
+
+
+class Place(BaseModel):
+    """A place of a wait chain or a candidate: what the wait graph calls it ("rank 3", a node, an
+    IP it could not resolve) and its node, device and rank where the logs say them."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    place: str
+    node: str | None = None
+    device: str | None = None
+    rank: int | None = None
+
+    def contract_dict(self) -> dict[str, object]:
+        return {"place": self.place, "node": self.node, "device": self.device, "rank": self.rank}
+
+    def label(self, lang: str = "en") -> str:
+        """`rank 2 (worker-2, device 2)`: the place and where it is (zh: `rank 2（worker-2，设备 2）`)."""
+        parts = where_words(self.node if self.node != self.place else None, self.device, None, lang)
+        if not parts:
+            return self.place
+        return f"{self.place}（{'，'.join(parts)}）" if lang == "zh" else f"{self.place} ({', '.join(parts)})"
+
+
+def where_words(node: str | None, device: str | None, rank: int | None, lang: str = "en") -> list[str]:
+    """`node X`, `device D`, `rank R` (zh: 节点、设备), for what is known."""
+    words = ("节点", "设备", "rank") if lang == "zh" else ("node", "device", "rank")
+    return [f"{w} {v}" for w, v in zip(words, (node, device, rank), strict=True) if v is not None]
 
 
 class RootCause(BaseModel):
@@ -168,6 +200,9 @@ class RootCause(BaseModel):
     # or, when the wait graph cannot decide, the places it could be (nothing is picked then).
     chain: list[str] = Field(default_factory=list)
     candidates: list[str] = Field(default_factory=list)
+    # The same places with their node, device and rank (the chain's first, then the candidates').
+    chain_places: list[Place] = Field(default_factory=list)
+    candidate_places: list[Place] = Field(default_factory=list)
 
     def contract_dict(self, lang: str = "en") -> dict[str, object]:
         return {
@@ -183,6 +218,8 @@ class RootCause(BaseModel):
             "hint": self.hint.get(lang) if self.hint else None,
             "chain": list(self.chain),
             "candidates": list(self.candidates),
+            "chain_places": [p.contract_dict() for p in self.chain_places],
+            "candidate_places": [p.contract_dict() for p in self.candidate_places],
         }
 
 

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import functools
 import importlib
-from importlib.metadata import EntryPoint, entry_points
+from typing import TYPE_CHECKING
 
 from trainmedic.models import Chip
 from udal.base import CatalogEntry, ChipPlugin
+
+if TYPE_CHECKING:
+    from importlib.metadata import EntryPoint
 
 ENTRY_POINT_GROUP = "trainmedic.chips"
 
@@ -45,6 +48,14 @@ def _key(name: str) -> Chip | str:
         return Chip(name)
     except ValueError:
         return name
+
+
+def entry_points(group: str) -> list[EntryPoint]:
+    """The installed entry points of `group` (importlib.metadata, imported when first needed: a
+    `diagnose` that finds nothing never loads a plugin)."""
+    from importlib.metadata import entry_points as installed
+
+    return list(installed(group=group))
 
 
 def discover(eps: list[EntryPoint] | None = None) -> dict[Chip | str, ChipPlugin]:

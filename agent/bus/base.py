@@ -79,6 +79,15 @@ class Bus(abc.ABC):
     """Publish events by key; hand out consumers in groups."""
 
     name: str = "bus"
+    # Whether records read and not committed outlive the reader's process (a broker keeps them): only
+    # then is holding a commit back (a brain's open window) worth what it costs, a replay after a
+    # crash. An in-process bus dies with its readers.
+    replays: bool = True
+
+    @property
+    def connected(self) -> bool:
+        """Whether the bus can deliver now (a broker bus: the broker acknowledges); readiness reads it."""
+        return True
 
     @abc.abstractmethod
     async def start(self) -> None: ...

@@ -421,6 +421,10 @@ class KafkaBus(Bus):
             and not any(lane.inflight for lane in self._lanes.values())
         )
 
+    @property
+    def connected(self) -> bool:
+        return self._running and self._broker_ok()
+
     def _broker_ok(self) -> bool:
         """The broker acknowledges: no failure since the last acknowledgement, nothing overdue."""
         if self._producer is None or self._failing_since is not None:

@@ -70,7 +70,12 @@ class MemoryBus(Bus):
         orphan_records: int = 10_000,
         orphan_bytes: int = 16 << 20,
         telemetry: Telemetry | None = None,
+        replays: bool = True,
     ) -> None:
+        # replays=False (the embedded `--role all` bus): readers commit what they have read at once
+        # rather than hold it for a replay no crash could use (the bus goes with the process), so
+        # the bus holds only what is not read yet. Tests model a broker with replays=True.
+        self.replays = replays
         self.partitions = partitions
         self.max_backlog = max_backlog
         self.max_backlog_bytes = max_backlog_bytes
@@ -110,8 +115,9 @@ class MemoryBus(Bus):
             if not self._read(topic):
                 # Nobody reads this topic (yet): keep only the newest records, like a retention limit
                 # (nobody could free room for a waiting publisher).
-                records = min(self.orphan_records, self.max_backlog)
-                budget = min(self.orphan_bytes, self.max_backlog_bytes)
+                # The budget is the topic's: each partition keeps its share of it.
+                records = max(1, min(self.orphan_records, self.max_backlog) // len(parts))
+                budget = max(1, min(self.orphan_bytes, self.max_backlog_bytes) // len(parts))
                 while part.log and (len(part.log) >= records or part.bytes + size > budget):
                     part.drop_oldest()
             while self._read(topic) and self._full(topic, part, size):

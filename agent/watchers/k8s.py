@@ -23,11 +23,12 @@ published once more per job with pods on it (`NodeHandler`), so the node's loss 
 
 Errors carry their retry semantics (kopf-style):
 
-    WatchError (TrainmedicError)
+    WatchError (TrainmedicError; each below is also on a branch of trainmedic.errors' one tree)
     +-- ResourceGone            410: the resourceVersion expired -> relist and diff, at once
+    |                           (TemporaryError, delay 0)
     +-- TemporaryWatchError     429, 5xx, connection refused/reset, broken stream -> back off with
-    |                           jitter (Retry-After honoured), then resume
-    +-- PermanentWatchError     400/401/403/422: credentials, RBAC, a bad selector -> logged as a
+    |                           jitter (Retry-After honoured: its `delay`), then resume (TemporaryError)
+    +-- PermanentWatchError     (PermanentError) 400/401/403/422: credentials, RBAC, a bad selector -> logged as a
         |                       configuration error naming the resource and verb, re-checked slowly
         |                       (a 401/403 after a list that worked is first retried at the backoff
         |                       pace a few times: a restarting API server refuses until its caches fill)
@@ -77,7 +78,7 @@ from agent.bus.base import Bus
 from agent.jobindex import JobIndex, PodInfo, pod_info
 from agent.telemetry import Telemetry
 from remediations.kube import api_message, own_client, retry_after
-from trainmedic.errors import TrainmedicError
+from trainmedic.errors import PermanentError, TemporaryError, TrainmedicError
 from trainmedic.events import (
     JobRef,
     K8sEvent,
@@ -104,22 +105,28 @@ class WatchError(TrainmedicError):
     kind: str = "error"
 
 
-class ResourceGone(WatchError):
-    """410 Gone: the resourceVersion is too old. Relist and diff."""
+class ResourceGone(WatchError, TemporaryError):
+    """410 Gone: the resourceVersion is too old. Relist and diff (at once)."""
 
     kind = "gone"
 
+    def __init__(self, message: str) -> None:
+        TemporaryError.__init__(self, message, delay=0.0)
 
-class TemporaryWatchError(WatchError):
+
+class TemporaryWatchError(WatchError, TemporaryError):
     """Worth retrying after a delay (the server's Retry-After when it sent one)."""
 
     def __init__(self, message: str, *, retry_after: float | None = None, kind: str = "temporary") -> None:
-        super().__init__(message)
-        self.retry_after = retry_after
+        TemporaryError.__init__(self, message, delay=retry_after)
         self.kind = kind
 
+    @property
+    def retry_after(self) -> float | None:
+        return self.delay
 
-class PermanentWatchError(WatchError):
+
+class PermanentWatchError(WatchError, PermanentError):
     """A configuration problem (credentials, RBAC, selector): retrying soon will not help."""
 
     def __init__(self, message: str, *, kind: str = "permanent") -> None:

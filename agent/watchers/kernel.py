@@ -52,7 +52,7 @@ from agent.watchers.follow import (
     Rfc3339,
     StartAt,
 )
-from trainmedic.errors import TrainmedicError
+from trainmedic.errors import PermanentError
 from trainmedic.events import MAX_MESSAGE_BYTES, Event, KernelBatch, Topic, make_event, node_key
 
 log = logging.getLogger("trainmedic.watchers.kernel")
@@ -63,7 +63,7 @@ _ESCAPE = re.compile(rb"\\x([0-9a-fA-F]{2})")
 _SAFE_CHARS = (MAX_MESSAGE_BYTES - (64 << 10)) // 6
 
 
-class KernelSourceUnavailable(TrainmedicError):
+class KernelSourceUnavailable(PermanentError):
     """A kernel source cannot run on this host (journalctl missing, /dev/kmsg unreadable)."""
 
 

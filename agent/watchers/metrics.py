@@ -41,7 +41,7 @@ from typing import Any, Protocol
 from agent.bus.base import Bus
 from agent.jobindex import JobIndex
 from agent.telemetry import Telemetry
-from trainmedic.errors import TrainmedicError
+from trainmedic.errors import TemporaryError
 from trainmedic.events import Event, JobRef, MetricBatch, MetricSample, Topic, make_event
 from trainmedic.models import Chip
 from udal.base import ChipPlugin
@@ -61,8 +61,9 @@ _METRIC_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
 _STATUS = re.compile(r"HTTP Status Code (\d{3})")
 
 
-class PrometheusQueryError(TrainmedicError):
-    """A query that did not give a usable answer; temporary, retried after `kind`-counted backoff.
+class PrometheusQueryError(TemporaryError):
+    """A query that did not give a usable answer; temporary, retried after `kind`-counted backoff
+    (no `delay` of its own: the source's backoff decides).
 
     kind: unreachable | timeout | http_4xx | http_5xx | bad_response
     """

@@ -36,7 +36,7 @@ from agent.bus.base import Bus
 from agent.jobindex import JobIndex
 from agent.telemetry import Telemetry
 from agent.watchers.metrics import fan_out
-from trainmedic.errors import TrainmedicError
+from trainmedic.errors import PermanentError
 from trainmedic.events import Event, MetricBatch, MetricSample, Topic
 
 log = logging.getLogger("trainmedic.watchers.nvml")
@@ -71,7 +71,7 @@ class _GpuLost(Exception):
     """NVML_ERROR_GPU_IS_LOST: the GPU stopped answering; its health is 0."""
 
 
-class SourceUnavailable(TrainmedicError):
+class SourceUnavailable(PermanentError):
     """This source cannot run on this host; the message is the one-line reason (permanent)."""
 
 

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 from remediations.kube import KubeOps
 from remediations.policy import Policy, PolicyContext
 from remediations.policy_state import PolicyState
+from remediations.stacks import StackSource
 from trainmedic.events import JobRef
 from trainmedic.models import RootCause
 
@@ -49,6 +51,8 @@ class RestartSettings(Protocol):
     wait_gone_s: float
     gone_deadline_s: float
     retry_after_s: float
+    breaker_settle_s: float
+    stack_timeout_s: float
 
 
 class Runtime(Protocol):
@@ -61,6 +65,19 @@ class Runtime(Protocol):
 
     @property
     def settings(self) -> RestartSettings: ...
+
+    @property
+    def stack_source(self) -> StackSource:
+        """Exec into pods and read their logs (for stack dumps)."""
+        ...
+
+    async def job_pods(self, job: JobRef) -> list[dict[str, Any]]:
+        """The job's pods as the API lists them now."""
+        ...
+
+    def scene_path(self, incident_id: str) -> Path | None:
+        """The incident's scene directory, where evidence taken later is added."""
+        ...
 
     async def find_workload(self, job: JobRef) -> dict[str, Any] | None:
         """The job's workload object, whatever its kind (None: gone)."""

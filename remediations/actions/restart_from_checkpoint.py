@@ -23,7 +23,7 @@ from typing import Any, NoReturn
 
 from remediations import workloads as wl
 from remediations.actions.base import ActionCall, ActionDef
-from remediations.errors import ActionBlocked, StalePlan, TemporaryActionError
+from remediations.errors import ActionBlocked, PermanentActionError, StalePlan, TemporaryActionError
 from remediations.kube import ConflictError, PermanentKubeError
 from remediations.policy import RestartSpec
 from remediations.scene import redact_object
@@ -96,12 +96,10 @@ async def run(call: ActionCall) -> None:
     if state in ("planned", "running") or params.get("body") is None:
         live = await rt.find_workload(job)
         if live is None:
-            call.journal.update(
-                call.seq,
-                "failed",
-                result={"error": f"workload {job.namespace}/{job.name} not found; nothing was deleted"},
+            # Nothing to restart and nobody restarted it: the incident fails and a person hears of it.
+            raise PermanentActionError(
+                f"workload {job.namespace}/{job.name} not found; nothing was deleted and nothing recreated"
             )
-            return
         if annotation(live, ANN_INCIDENT) == call.incident_id:
             call.journal.update(call.seq, "done", result=restart_result(live))
             rt.drop_body(params)

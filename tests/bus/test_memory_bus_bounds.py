@@ -102,13 +102,18 @@ async def test_one_record_larger_than_the_budget_passes_into_an_empty_topic() ->
 
 @pytest.mark.looptime
 @pytest.mark.asyncio
-@pytest.mark.parametrize(("orphan_records", "orphan_bytes", "kept"), [(100, 1 << 30, 100), (10_000, 50_000, None)])
+@pytest.mark.parametrize(
+    ("partitions", "orphan_records", "orphan_bytes", "kept"),
+    [(1, 100, 1 << 30, 100), (1, 10_000, 50_000, None), (4, 100, 1 << 30, 100), (12, 120, 1 << 30, 120)],
+)
 async def test_a_topic_nobody_reads_keeps_a_small_window(
-    orphan_records: int, orphan_bytes: int, kept: int | None
+    partitions: int, orphan_records: int, orphan_bytes: int, kept: int | None
 ) -> None:
-    bus = MemoryBus(partitions=1, orphan_records=orphan_records, orphan_bytes=orphan_bytes)
+    """The budget is the topic's, however many partitions share it."""
+    bus = MemoryBus(partitions=partitions, orphan_records=orphan_records, orphan_bytes=orphan_bytes)
     for i in range(2_000):
-        await asyncio.wait_for(bus.publish("nobody", log_event("job", i)), 1)
+        # Keys spread over every partition (many jobs).
+        await asyncio.wait_for(bus.publish("nobody", log_event(f"job{i % 97}", i)), 1)
     held = bus.stats()["nobody"]
     assert held["records"] <= orphan_records
     assert held["bytes"] <= orphan_bytes

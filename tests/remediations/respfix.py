@@ -21,7 +21,7 @@ from typing import Any
 
 from agent.bus.memory import MemoryBus
 from agent.responder import Responder, ResponderSettings
-from agent.store import IncidentStore
+from agent.store import ActionState, IncidentStore
 from remediations.kube import TAINT_EFFECT, TAINT_KEY, ConflictError, QuarantineResult
 from remediations.policy import Policy, parse_policy
 from remediations.policy_state import MemoryPolicyState
@@ -77,6 +77,14 @@ class FakeKube:
     created: list[dict[str, Any]] = field(default_factory=list)
     deleted: list[str] = field(default_factory=list)
     quarantines: list[str] = field(default_factory=list)
+    # The jobs' pods (most tests have none).
+    pods: list[dict[str, Any]] = field(default_factory=list)
+    # Circuit-breaker claims written (trainmedic.io/breaker-claim).
+    claims_written: int = 0
+    # An error the API (or a layer under it) answers the next delete with, once.
+    fail_delete: Exception | None = None
+    # Node problems reported (node-problem-detector style): (node, fault class, incident).
+    problems: list[tuple[str, str, str]] = field(default_factory=list)
     # Where the agent dies once: before_delete, after_delete, before_create, after_create.
     crash_at: str | None = None
     api: Any = None
@@ -107,6 +115,15 @@ class FakeKube:
         n = self.nodes.get(name)
         return copy.deepcopy(n) if n else None
 
+    async def annotate_node(self, name: str, key: str, value: str | None) -> None:
+        await self._rtt()
+        ann = self.nodes[name]["metadata"].setdefault("annotations", {})
+        if value is None:
+            ann.pop(key, None)
+        else:
+            ann[key] = value
+        self.claims_written += value is not None
+
     async def quarantine_node(self, name: str, *, incident_id: str, fault_class: Any, reason: str) -> QuarantineResult:
         await self._rtt()
         n = self.nodes[name]
@@ -117,6 +134,16 @@ class FakeKube:
             n["spec"]["unschedulable"] = True
             self.quarantines.append(name)
         return QuarantineResult(name, changed, None, incident_id)
+
+    async def report_node_problem(self, node: str, *, incident_id: str, fault_class: Any, message: I18nText) -> bool:
+        await self._rtt()
+        if node not in self.nodes:
+            return False
+        entry = (node, str(fault_class), incident_id)
+        if entry in self.problems:
+            return False
+        self.problems.append(entry)
+        return True
 
     async def quarantined_nodes(self) -> list[dict[str, Any]]:
         await self._rtt()
@@ -141,6 +168,9 @@ class FakeKube:
     async def delete_workload(self, obj: Mapping[str, Any], *, propagation: str = "Background") -> bool:
         await self._rtt()
         self._crash("before_delete")
+        if self.fail_delete is not None:
+            err, self.fail_delete = self.fail_delete, None
+            raise err
         meta = obj["metadata"]
         key = (str(obj["kind"]), meta["namespace"], meta["name"])
         current = self.workloads.get(key)
@@ -176,11 +206,16 @@ class FakeKube:
         self._crash("after_create")
         return copy.deepcopy(obj)
 
-    # -- pods, logs, events: the jobs of these tests have no pods --
+    # -- pods, logs, events (pods: only those a test adds) --
 
     async def list_job_pods(self, namespace: str, selector: Mapping[str, str]) -> list[dict[str, Any]]:
         await self._rtt()
-        return []
+        return [
+            copy.deepcopy(p)
+            for p in self.pods
+            if p["metadata"]["namespace"] == namespace
+            and all(p["metadata"].get("labels", {}).get(k) == v for k, v in selector.items())
+        ]
 
     async def pod_log(self, *args: Any, **kwargs: Any) -> str:
         return ""
@@ -194,6 +229,31 @@ class FakeKube:
 
     async def remove_pod_finalizer(self, *args: Any) -> bool:
         return True
+
+
+class CrashingStore(IncidentStore):
+    """The incident store of an agent that dies (SIGKILL) right before or right after the journal
+    records one state of an action: `crash_at` = ("before" | "after", state)."""
+
+    crash_at: tuple[str, str] | None = None
+
+    def update_action(
+        self,
+        incident_id: str,
+        seq: int,
+        state: ActionState,
+        *,
+        params: Mapping[str, Any] | None = None,
+        result: Mapping[str, Any] | None = None,
+    ) -> None:
+        where = self.crash_at
+        if where == ("before", state.value):
+            self.crash_at = None
+            raise Crash(f"before journalling {state.value}")
+        super().update_action(incident_id, seq, state, params=params, result=result)
+        if where == ("after", state.value):
+            self.crash_at = None
+            raise Crash(f"after journalling {state.value}")
 
 
 def policy(extra: str = "", *, actions: str = "[quarantine_node]", mode: str = "enforce") -> Policy:
@@ -254,19 +314,39 @@ class Harness:
         return await self.responder.handle(d, key=job_key(d.job.namespace, d.job.name))
 
 
+def pod(namespace: str, job_name: str, name: str, phase: str = "Running") -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"namespace": namespace, "name": name, "labels": {"job-name": job_name}},
+        "spec": {"containers": [{"name": "train", "image": "trainer:1"}], "nodeName": "gpu-0"},
+        "status": {"phase": phase},
+    }
+
+
 def harness(
-    tmp: Path, pol: Policy, kube: FakeKube | None = None, *, clock: Callable[[], float] | None = None, **settings: Any
+    tmp: Path,
+    pol: Policy,
+    kube: FakeKube | None = None,
+    *,
+    clock: Callable[[], float] | None = None,
+    stack_source: Any = None,
+    crash_journal: tuple[str, str] | None = None,
+    bus: MemoryBus | None = None,
+    **settings: Any,
 ) -> Harness:
     kube = kube or FakeKube()
-    store = IncidentStore(tmp / "incidents.db")
+    store = CrashingStore(tmp / "incidents.db")
+    store.crash_at = crash_journal
     state = MemoryPolicyState()
     responder = Responder(
-        MemoryBus(),
+        bus or MemoryBus(),
         kube,  # type: ignore[arg-type]
         store,
         pol,
         state,
         settings=ResponderSettings(scene_dir=tmp / "scenes", reports=False, stacks=False, **settings),
         clock=clock or time.time,
+        stack_source=stack_source,
     )
     return Harness(kube, store, responder, state)

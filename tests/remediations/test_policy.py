@@ -199,7 +199,7 @@ def test_shipped_policy_loads_cleanly(shipped: Policy) -> None:
         pytest.param(HCCL_EI0004, "comm_init", "comm-config-error", [N], id="hccl-bad-ranktable"),
         pytest.param(NCCL_SYSTEM, "comm_error", "comm-error", [R], id="nccl-system-error"),
         pytest.param(NCCL_USAGE, "comm_error", "comm-config-error", [N], id="nccl-invalid-usage"),
-        pytest.param(WATCHDOG, "hang", "hang", [R], id="nccl-watchdog"),
+        pytest.param(WATCHDOG, "hang", "hang", [ActionName.DUMP_STACKS, R], id="nccl-watchdog"),
         pytest.param(CORPUS_ROWS["gpu_oom-5"]["text"], "accelerator_oom", "accelerator-oom", [N], id="cuda-oom"),
         pytest.param(OOMKILLED, "host_oom", "host-oom", [N], id="oomkilled"),
     ],

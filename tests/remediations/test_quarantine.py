@@ -153,7 +153,7 @@ async def test_release_undoes_exactly_what_quarantine_did(
     conds = _conditions(node)
     ours = conds.pop(CONDITION_TYPE)
     assert (ours["status"], ours["reason"]) == ("False", "Released")
-    assert ours["message"] == "released by trainmedic (incident inc-1)"
+    assert ours["message"] == "released by trainmedic (incident inc-1) / 已由 trainmedic 解除隔离"
     assert conds == {c["type"]: c for c in before["status"]["conditions"]}
 
     assert await ops.release_node("gpu-1") is False  # nothing left to release
@@ -282,3 +282,20 @@ REASONS = {
 @pytest.mark.parametrize(("fault", "reason"), list(REASONS.items()), ids=[f.value for f in REASONS])
 async def test_condition_reasons_are_camel_case(fault: FaultClass, reason: str) -> None:
     assert fault_reason(fault) == reason
+
+
+@pytest.mark.parametrize("other", [{}, {"team.example/owner": "infra"}])
+async def test_a_breaker_claim_is_written_and_withdrawn_leaving_other_annotations(
+    kube: KubeEmulator, cluster: Cluster, ops: KubeOps, other: dict[str, str]
+) -> None:
+    from remediations.policy import CLAIM_ANNOTATION, format_claim, parse_claim
+
+    await cluster.add_node("gpu-1", gpus=8)
+    if other:
+        await ops.annotate_node("gpu-1", *next(iter(other.items())))
+    await ops.annotate_node("gpu-1", CLAIM_ANNOTATION, format_claim(1000.5, "inc-1"))
+    ann = _node(kube)["metadata"]["annotations"]
+    assert parse_claim(ann[CLAIM_ANNOTATION]) == (1000.5, "inc-1")
+    await ops.annotate_node("gpu-1", CLAIM_ANNOTATION, None)
+    assert CLAIM_ANNOTATION not in (_node(kube)["metadata"].get("annotations") or {})
+    assert {k: v for k, v in (_node(kube)["metadata"].get("annotations") or {}).items()} == other

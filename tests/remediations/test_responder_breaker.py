@@ -4,12 +4,14 @@ and the count of quarantined nodes is the cluster's own (nodes carrying trainmed
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 import pytest
-from respfix import FakeKube, diagnosis, harness, node, policy
+from respfix import FakeKube, Harness, diagnosis, harness, node, policy
 
 from agent.store import IncidentStatus
+from remediations.policy import CLAIM_ANNOTATION, RESERVATION_HOLD_S, format_claim
 
 pytestmark = pytest.mark.asyncio
 
@@ -58,3 +60,61 @@ async def test_an_approved_plan_is_checked_again_when_it_runs(tmp_path: Path) ->
     await h.responder._execute_again(second.id)
     assert kube.quarantines == ["gpu-0"]
     assert h.store.get(second.id).status is IncidentStatus.BLOCKED
+
+
+def brains(tmp_path: Path, kube: FakeKube, count: int, share: float, mode: str = "enforce") -> list[Harness]:
+    """`count` brains that share nothing but the cluster (each its own store and policy state)."""
+    out = []
+    for b in range(count):
+        (tmp_path / f"brain-{b}").mkdir()
+        out.append(
+            harness(tmp_path / f"brain-{b}", policy(f"circuit_breaker:\n  max_share: {share}\n", mode=mode), kube)
+        )
+    return out
+
+
+@pytest.mark.parametrize("count", [2, 3])
+@pytest.mark.parametrize(
+    ("pool_size", "failing", "share", "expected"),
+    [(64, 32, 0.1, 6), (8, 4, 0.125, 1), (10, 10, 0.3, 3)],
+)
+@pytest.mark.looptime
+async def test_brains_sharing_only_the_cluster_take_no_more_than_the_share_between_them(
+    tmp_path: Path, count: int, pool_size: int, failing: int, share: float, expected: int
+) -> None:
+    kube = FakeKube(nodes={f"gpu-{i}": node(f"gpu-{i}") for i in range(pool_size)})
+    hs = brains(tmp_path, kube, count, share)
+    await asyncio.gather(*(hs[i % count].handle(diagnosis("train", f"job-{i}", f"gpu-{i}")) for i in range(failing)))
+
+    assert len(kube.quarantines) == expected
+    statuses = [i.status for h in hs for i in h.store.recent(limit=1000)]
+    assert statuses.count(IncidentStatus.RESOLVED) == expected
+    assert statuses.count(IncidentStatus.BLOCKED) == failing - expected
+    # No claim is left behind: the tainted nodes count by their taint, the others backed off.
+    assert [n for n, o in kube.nodes.items() if CLAIM_ANNOTATION in o["metadata"]["annotations"]] == []
+
+
+@pytest.mark.parametrize(("age_s", "blocked"), [(1.0, True), (RESERVATION_HOLD_S + 60, False)])
+@pytest.mark.looptime
+async def test_a_claim_of_another_brain_counts_until_it_expires(tmp_path: Path, age_s: float, blocked: bool) -> None:
+    """Another brain claimed gpu-9 (it is about to taint it): a late-approved plan for gpu-0 counts that
+    claim when it runs; a claim older than the reservation hold (its brain died) does not."""
+    kube = FakeKube(nodes={f"gpu-{i}": node(f"gpu-{i}") for i in range(10)})
+    (h,) = brains(tmp_path, kube, 1, 0.1, mode="approve")
+    incident = await h.handle(diagnosis("train", "job-0", "gpu-0"))
+    assert incident.status is IncidentStatus.AWAITING_APPROVAL
+    kube.nodes["gpu-9"]["metadata"]["annotations"][CLAIM_ANNOTATION] = format_claim(time.time() - age_s, "other")
+    h.store.approve(incident.id, by="sre")
+    await h.responder._execute_again(incident.id)
+    assert h.store.get(incident.id).status is (IncidentStatus.BLOCKED if blocked else IncidentStatus.RESOLVED)
+    assert kube.quarantines == ([] if blocked else ["gpu-0"])
+    assert CLAIM_ANNOTATION not in kube.nodes["gpu-0"]["metadata"]["annotations"]
+
+
+@pytest.mark.looptime
+async def test_a_pool_that_may_go_whole_writes_no_claims(tmp_path: Path) -> None:
+    kube = FakeKube(nodes={f"gpu-{i}": node(f"gpu-{i}") for i in range(4)})
+    (h,) = brains(tmp_path, kube, 1, 1.0)
+    await asyncio.gather(*(h.handle(diagnosis("train", f"job-{i}", f"gpu-{i}")) for i in range(4)))
+    assert len(kube.quarantines) == 4
+    assert kube.claims_written == 0

@@ -176,13 +176,33 @@ async def test_the_journal_and_the_api_never_hold_env_values(tmp_path: Path) -> 
     assert list((tmp_path / "restart-bodies").glob("*.json")) == []
 
 
-@pytest.mark.parametrize("crash_at", ["before_delete", "after_delete", "before_create", "after_create"])
+# Every step of a restart's journal, and every cluster call between them, as a place to die:
+# (where, what) with where "kube" (the cluster call crashes the agent) or "before"/"after" (the
+# journal write of that state).
+CRASH_POINTS = [
+    ("before", "deleting"),  # the full body is saved apart, the journal does not know yet
+    ("after", "deleting"),  # journalled, the delete not sent
+    ("kube", "before_delete"),
+    ("kube", "after_delete"),  # deleted, gone not yet awaited
+    ("before", "creating"),  # gone, not journalled
+    ("after", "creating"),
+    ("kube", "before_create"),
+    ("kube", "after_create"),  # created, done not journalled
+    ("before", "done"),
+    ("after", "done"),  # done journalled, the body not yet removed, the incident still acting
+]
+
+
+@pytest.mark.parametrize(("where", "what"), CRASH_POINTS, ids=[f"{w}-{s}" for w, s in CRASH_POINTS])
 @pytest.mark.looptime
-async def test_resume_after_a_crash_at_each_journal_step_recreates_exactly_once(tmp_path: Path, crash_at: str) -> None:
+async def test_resume_after_a_crash_at_each_journal_step_recreates_exactly_once(
+    tmp_path: Path, where: str, what: str
+) -> None:
     kube = cluster("llama")
     original = kube.workloads[("Job", "train", "llama")]["metadata"]["uid"]
-    kube.crash_at = crash_at
-    h = harness(tmp_path, policy(actions=RESTART), kube)
+    if where == "kube":
+        kube.crash_at = what
+    h = harness(tmp_path, policy(actions=RESTART), kube, crash_journal=None if where == "kube" else (where, what))
     with pytest.raises(Crash):
         await h.handle(diagnosis("train", "llama", "gpu-0"))
     h.store.close()
@@ -192,8 +212,51 @@ async def test_resume_after_a_crash_at_each_journal_step_recreates_exactly_once(
     await again.responder.resume()
     (incident,) = again.store.recent()
     assert incident.status is IncidentStatus.RESOLVED, incident.actions[0].result
+    assert incident.actions[0].state is ActionState.DONE
     assert len(kube.created) == 1
     assert kube.deleted == [original]
     live = kube.workloads[("Job", "train", "llama")]
     assert live["metadata"]["annotations"]["trainmedic.io/incident"] == incident.id
     assert live["spec"]["template"]["spec"]["containers"][0]["env"][0]["value"] == "wandb-secret-value"
+    # Secrets never remain: not in the store, and no replacement body left on disk.
+    assert list((tmp_path / "restart-bodies").iterdir()) == []
+    db = b"".join(p.read_bytes() for p in tmp_path.glob("incidents.db*") if p.is_file())
+    for secret in SECRETS:
+        assert secret.encode() not in db
+
+
+@pytest.mark.parametrize("end", ["stale", "blocked", "gone"])
+@pytest.mark.looptime
+async def test_a_body_saved_before_a_crash_is_removed_when_the_resumed_plan_ends_otherwise(
+    tmp_path: Path, end: str
+) -> None:
+    """Killed after the full body was written but before the journal said `deleting`; on resume the
+    job was resubmitted (stale), its lineage hit the cap (blocked) or it is gone: nothing is deleted
+    or created, and the body with its env values does not stay on disk."""
+    kube = cluster("llama")
+    h = harness(tmp_path, policy(actions=RESTART), kube, crash_journal=("before", "deleting"))
+    with pytest.raises(Crash):
+        await h.handle(diagnosis("train", "llama", "gpu-0"))
+    h.store.close()
+    assert len(list((tmp_path / "restart-bodies").glob("*.json"))) == 1
+    meta = kube.workloads[("Job", "train", "llama")]["metadata"]
+    if end == "stale":
+        meta["uid"] = "resubmitted"
+    elif end == "blocked":
+        meta["annotations"]["trainmedic.io/restarts"] = "10"
+    else:
+        del kube.workloads[("Job", "train", "llama")]
+
+    again = harness(tmp_path, policy(actions=RESTART), kube)
+    await again.responder.resume()
+    (incident,) = again.store.recent()
+    assert (
+        incident.status
+        is {
+            "stale": IncidentStatus.OBSERVED,
+            "blocked": IncidentStatus.BLOCKED,
+            "gone": IncidentStatus.FAILED,
+        }[end]
+    ), incident.actions[0].result
+    assert kube.deleted == [] and kube.created == []
+    assert list((tmp_path / "restart-bodies").iterdir()) == []

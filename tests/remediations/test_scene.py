@@ -273,9 +273,9 @@ async def test_bundle_of_a_two_pod_job(tmp_path: Path, re_engine: Engine) -> Non
         "events.yaml",
         "kernel.log",
         "metrics.json",
-        "logs/llama-0/trainer.log",
-        "logs/llama-1/trainer.log",
-        "logs/llama-1/trainer.previous.log",
+        "layout/node-a/rank0_llama-0_trainer.log",
+        "layout/node-b/rank1_llama-1_trainer.log",
+        "layout/node-b/rank1_llama-1_trainer.previous.log",
         "objects/workload.yaml",
         "objects/pods/llama-0.yaml",
         "objects/pods/llama-1.yaml",
@@ -288,9 +288,9 @@ async def test_bundle_of_a_two_pod_job(tmp_path: Path, re_engine: Engine) -> Non
         assert hashlib.sha256(files[e["path"]]).hexdigest() == e["sha256"]
         assert len(files[e["path"]]) == e["bytes"]
     # Logs: as the source gave them, the previous instance only for the restarted container.
-    assert files["logs/llama-1/trainer.previous.log"] == logs[("llama-1", True)].encode()
-    assert files["logs/llama-1/trainer.log"] == logs[("llama-1", False)].encode()
-    assert manifest_entry(manifest, "logs/llama-1/trainer.log")["lines"] == 32
+    assert files["layout/node-b/rank1_llama-1_trainer.previous.log"] == logs[("llama-1", True)].encode()
+    assert files["layout/node-b/rank1_llama-1_trainer.log"] == logs[("llama-1", False)].encode()
+    assert manifest_entry(manifest, "layout/node-b/rank1_llama-1_trainer.log")["lines"] == 32
     assert sorted((c["pod"], c["previous"]) for c in source.log_calls) == [
         ("llama-0", False),
         ("llama-1", False),
@@ -326,7 +326,8 @@ async def test_bundle_of_a_two_pod_job(tmp_path: Path, re_engine: Engine) -> Non
     assert doc["root_cause"] == d.diagnosis.root_cause.contract_dict("en")
     assert doc["root_cause_zh"] == d.diagnosis.root_cause.contract_dict("zh")
     by_code = {f["code"]: f for f in doc["findings"]}
-    assert by_code[watchdog.code]["evidence"] == {"path": "logs/llama-1/trainer.log", "line": 31, "last_line": 31}
+    log = "layout/node-b/rank1_llama-1_trainer.log"
+    assert by_code[watchdog.code]["evidence"] == {"path": log, "line": 31, "last_line": 31}
     assert by_code[watchdog.code]["pod"] == "llama-1" and by_code[watchdog.code]["rank"] == 1
     assert by_code[xid.code]["evidence"] == {"path": "kernel.log", "line": 1, "last_line": 1}
     assert set(doc["findings"][0]) >= {"rule_id", "fault_class", "chip", "code", "source", "line_no", "text", "file"}
@@ -346,8 +347,8 @@ async def test_bundle_of_a_two_pod_job(tmp_path: Path, re_engine: Engine) -> Non
             {
                 "name": "trainer",
                 "restarts": 1,
-                "log": "logs/llama-1/trainer.log",
-                "previous_log": "logs/llama-1/trainer.previous.log",
+                "log": "layout/node-b/rank1_llama-1_trainer.log",
+                "previous_log": "layout/node-b/rank1_llama-1_trainer.previous.log",
             }
         ],
     }
@@ -396,10 +397,10 @@ async def test_secrets_in_logs_are_redacted(tmp_path: Path, shape: str, template
     files = files_of(result.dir)
     for part in (secret, *secret.splitlines()[1:2]):
         assert not any(part.encode() in data for data in files.values()), f"{shape} leaked"
-    log = files["logs/llama-0/trainer.log"].decode()
+    log = files["layout/node-a/rank0_llama-0_trainer.log"].decode()
     assert log.startswith("step 1 loss 2.0\n") and log.endswith("step 2 loss 1.9\n")
     assert "<redacted" in log
-    assert manifest_entry(result.manifest, "logs/llama-0/trainer.log")["redactions"] == 1
+    assert manifest_entry(result.manifest, "layout/node-a/rank0_llama-0_trainer.log")["redactions"] == 1
     # In a pod spec the same text is redacted inside the YAML string (the file stays valid YAML).
     spec = yaml.safe_load(files["objects/pods/llama-0.yaml"])
     assert "<redacted" in spec["spec"]["containers"][0]["args"][0]
@@ -518,9 +519,9 @@ async def test_only_the_last_lines_are_kept(tmp_path: Path) -> None:
     result = await save_scene(
         tmp_path, simple_inputs([make_pod("p", node="n", rank=0)]), FakeSource({("p", False): log}), settings
     )
-    saved = (result.dir / "logs/p/trainer.log").read_text().splitlines()
+    saved = (result.dir / "layout/n/rank0_p_trainer.log").read_text().splitlines()
     assert saved == [f"line {i}" for i in range(150, 250)]
-    entry = manifest_entry(result.manifest, "logs/p/trainer.log")
+    entry = manifest_entry(result.manifest, "layout/n/rank0_p_trainer.log")
     assert entry["truncated"] and entry["lines"] == 100
 
 
@@ -531,11 +532,11 @@ async def test_a_log_over_the_file_cap_keeps_its_tail_from_a_line_start(tmp_path
     result = await save_scene(
         tmp_path, simple_inputs([make_pod("p", node="n", rank=0)]), FakeSource({("p", False): log}), settings
     )
-    saved = (result.dir / "logs/p/trainer.log").read_bytes()
+    saved = (result.dir / "layout/n/rank0_p_trainer.log").read_bytes()
     assert 9_000 < len(saved) <= 10_000
     assert log.encode().endswith(saved)
     assert saved.startswith(b"line ") and saved.endswith(b"line 01999 " + b"x" * 40 + b"\n")
-    assert manifest_entry(result.manifest, "logs/p/trainer.log")["truncated"] is True
+    assert manifest_entry(result.manifest, "layout/n/rank0_p_trainer.log")["truncated"] is True
 
 
 @pytest.mark.asyncio
@@ -549,7 +550,7 @@ async def test_bulky_files_past_the_total_cap_are_left_out(tmp_path: Path, re_en
     written = [e["path"] for e in result.manifest["files"] if e["kind"] == "log"]
     left_out = [p for p in result.problems if "total cap" in p["reason"]["en"]]
     assert len(written) == 2 and len(left_out) == 2
-    assert {p["what"] for p in left_out} | set(written) == {f"logs/p{i}/trainer.log" for i in range(4)}
+    assert {p["what"] for p in left_out} | set(written) == {f"layout/n/rank{i}_p{i}_trainer.log" for i in range(4)}
     bulky = ("log", "previous_log", "events", "kernel", "metrics", "stacks")
     assert sum(e["bytes"] for e in result.manifest["files"] if e["kind"] in bulky) <= 40_000
     # What a person and a restart need is never crowded out.
@@ -569,7 +570,7 @@ async def test_bulky_files_past_the_total_cap_are_left_out(tmp_path: Path, re_en
 async def test_binary_bytes_and_a_1_mib_line(tmp_path: Path, raw: bytes | str) -> None:
     source = FakeSource({("p", False): raw})
     result = await save_scene(tmp_path, simple_inputs([make_pod("p", node="n", rank=0)]), source, FAST)
-    saved = (result.dir / "logs/p/trainer.log").read_bytes()
+    saved = (result.dir / "layout/n/rank0_p_trainer.log").read_bytes()
     text = saved.decode("utf-8")  # strictly valid UTF-8
     assert "\x00" not in text
     lines = text.splitlines()
@@ -577,7 +578,7 @@ async def test_binary_bytes_and_a_1_mib_line(tmp_path: Path, raw: bytes | str) -
     assert "bad bytes" in lines[1] and "nul" in lines[1]
     assert len(lines[2].encode()) < (64 << 10) + 64
     assert lines[2].startswith("z" * 1000) and lines[2].endswith(f" [... {(1 << 20) - (64 << 10)} bytes cut]")
-    entry = manifest_entry(result.manifest, "logs/p/trainer.log")
+    entry = manifest_entry(result.manifest, "layout/n/rank0_p_trainer.log")
     assert entry["cut_lines"] == 1 and entry["lines"] == 4
 
 
@@ -590,10 +591,10 @@ async def test_a_pod_whose_log_fails_is_a_problem_not_a_failure(tmp_path: Path) 
     source = FakeSource({("p0", False): "fine\n", ("p1", False): RuntimeError("500 Internal Server Error")})
     result = await save_scene(tmp_path, simple_inputs(pods), source, FAST)
     assert result.created
-    assert (result.dir / "logs/p0/trainer.log").read_text() == "fine\n"
-    assert not (result.dir / "logs/p1").exists()
-    (problem,) = [p for p in result.problems if p["what"].startswith("logs/")]
-    assert problem["what"] == "logs/p1/trainer.log"
+    assert (result.dir / "layout/n/rank0_p0_trainer.log").read_text() == "fine\n"
+    assert not (result.dir / "layout/n/rank1_p1_trainer.log").exists()
+    (problem,) = [p for p in result.problems if p["what"].startswith("layout/")]
+    assert problem["what"] == "layout/n/rank1_p1_trainer.log"
     assert "500 Internal Server Error" in problem["reason"]["en"] and "无法读取日志" in problem["reason"]["zh"]
     assert result.manifest["pods"][1]["containers"][0]["log"] is None
 
@@ -641,7 +642,7 @@ async def test_a_crash_mid_write_leaves_only_a_partial_bundle(tmp_path: Path, ho
     good = FakeSource({("p0", False): "zero\n", ("p1", False): "one\n", ("p2", False): "two\n"})
     result = await save_scene(tmp_path, simple_inputs(pods), good, settings)
     assert result.created and os.listdir(tmp_path) == ["inc-1"]
-    assert (result.dir / "logs/p1/trainer.log").read_text() == "one\n"
+    assert (result.dir / "layout/n/rank1_p1_trainer.log").read_text() == "one\n"
     assert load_scene(result.dir, verify=True).incident_id == "inc-1"
 
 
@@ -778,16 +779,19 @@ async def test_scene_of_a_hung_job_on_the_emulated_cluster(tmp_path: Path, kube:
     result = await save_scene(tmp_path, inputs, ClusterSource(kube.api_client()), settings)
     scene = load_scene(result.dir, verify=True)
     paths = {e["path"] for e in scene.files}
-    assert {f"logs/{n}/trainer.log" for n in names} <= paths
-    assert f"logs/{names[1]}/trainer.previous.log" in paths
-    assert (result.dir / f"logs/{names[1]}/trainer.previous.log").read_text() == "first run\nkilled soon\n"
+    # Each log under its node's folder (layout/<node>/...), as the manifest records it.
+    logs = {p["name"]: p["containers"][0] for p in scene.manifest["pods"]}
+    assert {logs[n]["log"] for n in names} <= paths
+    assert logs[names[0]]["log"].startswith("layout/gpu-1/") and logs[names[1]]["log"].startswith("layout/gpu-2/")
+    assert logs[names[1]]["previous_log"] in paths
+    assert (result.dir / logs[names[1]]["previous_log"]).read_text() == "first run\nkilled soon\n"
     # Stacks through the exec websocket: no py-spy in the stand-in's image, so SIGUSR1.
     for n in names:
         assert scene.manifest["stacks"][n]["method"] == "sigusr1"
         stack = (result.dir / f"stacks/{n}.txt").read_text()
         assert 'File "/workspace/train.py", line 88 in train_step' in stack
         # Taken before the logs: the dump is in the saved log too.
-        assert "Current thread 0x" in (result.dir / f"logs/{n}/trainer.log").read_text()
+        assert "Current thread 0x" in (result.dir / logs[n]["log"]).read_text()
     reasons = {(e["involvedObject"]["name"], e["reason"]) for e in scene.events()}
     assert (names[1], "BackOff") in reasons and ("gpu-2", "OOMKilling") in reasons
     assert {e["kind"] for e in scene.files} >= {"workload", "pod", "node", "events", "stacks", "log", "previous_log"}

@@ -1,0 +1,336 @@
+"""Soak: `trainmedic run --role all`'s brain and memory bus under sustained load (`make soak`).
+
+    python -m bench.soak [--minutes 3] [--lines-per-s 20000] [--faults-per-s 20] [--tracemalloc]
+
+The agent is built exactly as `trainmedic run --role all` builds it (agent/run.py `build_agent`:
+the memory bus, the brain, the loop-lag monitor; no Kubernetes API, so no watcher and no
+responder), and a paced publisher in the same process feeds its bus as the watchers would:
+
+* 100-line batches of healthy training logs of the jobs alive (one step-progress line in ten, the
+  rest a trainer's usual chatter), `--lines-per-s` lines a second, encoded as the node's tailer
+  would send them (the publisher's own cost is kept small: it shares the process and the loop);
+* `--faults-per-s` new job names a second: each starts Running, logs one fault line (an NCCL
+  watchdog timeout) in its first batch, is reported Failed (workload and pod) `--fail-after-s`
+  later and deleted `--delete-after-s` after that, as a real cluster reports them.
+
+Figures (one JSON object on stdout, and merged into bench/results.json with `--results`):
+`soak_minutes`, `soak_memory_bus_rss_slope_mb_per_min` (least squares over the RSS samples after
+`--warmup-s`), `soak_rss_start_mb`, `soak_rss_end_mb`, `soak_loop_lag_p99_ms` (the agent's own
+loop-lag monitor, after the warm-up), `soak_lines_per_s` (read by the brain), `soak_diagnoses`,
+`soak_jobs`, `soak_backlog_end` (records the bus held when the load stopped) and the
+`trainmedic_state_entries` gauges at the end (`soak_state_entries`), which must be flat.
+
+`--tracemalloc` takes a snapshot after the warm-up and one at the end and prints the top growing
+allocation sites and object types to stderr: where memory goes when the slope is not flat.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import logging
+import os
+import statistics
+import sys
+import tempfile
+import time
+import tracemalloc
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from agent.config import Role, Settings  # noqa: E402
+from agent.run import build_agent, run_agent  # noqa: E402
+from agent.telemetry import Telemetry  # noqa: E402
+from trainmedic.events import SCHEMA_VERSION, JobRef, PodStatus, Topic, WorkloadStatus, make_event  # noqa: E402
+
+FAULT = (
+    "[rank0]:[E1206 18:44:12.755262105 ProcessGroupNCCL.cpp:607] [Rank 0] Watchdog caught collective operation "
+    "timeout: WorkNCCL(SeqNum=7753, OpType=ALLREDUCE, NumelIn=544997376, NumelOut=544997376, "
+    "Timeout(ms)=600000) ran for 600099 milliseconds before timing out."
+)
+BATCH = 100
+TICK_S = 0.05
+
+
+def rss_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def slope_per_min(points: list[tuple[float, float]]) -> float:
+    """Least-squares slope of (seconds, MB) points, in MB per minute."""
+    if len(points) < 2:
+        return 0.0
+    mx = statistics.fmean(t for t, _ in points)
+    my = statistics.fmean(v for _, v in points)
+    den = sum((t - mx) ** 2 for t, _ in points)
+    return 60.0 * sum((t - mx) * (v - my) for t, v in points) / den if den else 0.0
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    s = sorted(values)
+    return s[min(len(s) - 1, int(q * len(s)))]
+
+
+class Publisher:
+    """The watchers' side: paced healthy batches, one faulting job per 1/faults-per-s, their end."""
+
+    def __init__(self, agent: Any, args: argparse.Namespace) -> None:
+        self.bus = agent.bus
+        self.args = args
+        self.alive: list[tuple[JobRef, int]] = []  # (job, step)
+        self.ending: list[tuple[float, str, JobRef]] = []  # (when, what, job)
+        self.jobs = 0
+        self.lines = 0
+        self.healthy = [
+            f"[rank0]: step {{step}} loss 2.{i:03d} lr 3.0e-4 grad_norm 0.9{i} tokens/s 41{i:03d}"
+            if i % 10 == 0
+            else f"[rank0]:[I1206 18:44:{i % 60:02d}.{i:06d} dataloader.py:{100 + i}] prefetch shard {{step}}-{i} "
+            f"queue={i % 7} mem_alloc_gb=61.{i:02d} throughput=41{i:03d} tokens/s"
+            for i in range(BATCH)
+        ]
+        self._seq = 0
+
+    def _pod(self, job: JobRef, phase: str, *, deleted: bool = False, exit_code: int | None = None) -> PodStatus:
+        containers: list[dict[str, object]] = []
+        if exit_code is not None:
+            containers = [{"name": "trainer", "state": "terminated", "exit_code": exit_code, "reason": "Error"}]
+        return PodStatus(
+            namespace=job.namespace,
+            pod=f"{job.name}-worker-0",
+            uid=f"uid-{job.name}",
+            node=f"gpu-node-{hash(job.name) % 125:03d}",
+            job=job,
+            rank=0,
+            phase=phase,
+            deleted=deleted,
+            containers=containers,
+        )
+
+    async def _send(self, topic: Topic, payload: Any) -> None:
+        await self.bus.publish(topic, make_event(payload, producer="soak"))
+
+    async def _batch(self, job: JobRef, step: int, fault: bool) -> None:
+        lines = [t.format(step=step + i // 10) for i, t in enumerate(self.healthy)]
+        if fault:
+            lines[-1] = FAULT
+        # The envelope a tailer publishes (trainmedic.events.Event), built as plain JSON.
+        self._seq += 1
+        key = job.key
+        event = {
+            "v": SCHEMA_VERSION,
+            "id": f"soak{self._seq:028x}",
+            "time": time.time(),
+            "producer": "soak",
+            "key": key,
+            "payload": {
+                "kind": "log_batch",
+                "node": f"gpu-node-{hash(job.name) % 125:03d}",
+                "namespace": job.namespace,
+                "pod": f"{job.name}-worker-0",
+                "container": "trainer",
+                "job": {"namespace": job.namespace, "name": job.name},
+                "rank": 0,
+                "lines": lines,
+            },
+        }
+        await self.bus.publish_raw(Topic.LOGS.value, key, json.dumps(event).encode())
+        self.lines += len(lines)
+
+    async def run(self, seconds: float) -> None:
+        a = self.args
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        batches_due = 0.0
+        jobs_due = 0.0
+        cursor = 0
+        tick = 0
+        while (now := loop.time()) - start < seconds:
+            tick += 1
+            jobs_due += a.faults_per_s * TICK_S
+            while jobs_due >= 1:
+                jobs_due -= 1
+                self.jobs += 1
+                job = JobRef(namespace="soak", name=f"job-{self.jobs:07d}")
+                await self._send(Topic.K8S, self._pod(job, "Running"))
+                await self._batch(job, 0, fault=True)
+                self.alive.append((job, 1))
+                self.ending.append((now + a.fail_after_s, "fail", job))
+                self.ending.append((now + a.fail_after_s + a.delete_after_s, "delete", job))
+            while self.ending and self.ending[0][0] <= now:
+                _, what, job = self.ending.pop(0)
+                if what == "fail":
+                    self.alive = [(j, s) for j, s in self.alive if j != job]
+                    await self._send(Topic.K8S, WorkloadStatus(job=job, phase="Failed", reason="BackoffLimitExceeded"))
+                    await self._send(Topic.K8S, self._pod(job, "Failed", exit_code=1))
+                else:
+                    await self._send(Topic.K8S, WorkloadStatus(job=job, deleted=True))
+                    await self._send(Topic.K8S, self._pod(job, "Failed", deleted=True, exit_code=1))
+            self.ending.sort(key=lambda e: e[0])
+            batches_due += a.lines_per_s / BATCH * TICK_S
+            while batches_due >= 1 and self.alive:
+                batches_due -= 1
+                cursor %= len(self.alive)
+                job, step = self.alive[cursor]
+                self.alive[cursor] = (job, step + 10)
+                cursor += 1
+                await self._batch(job, step, fault=False)
+            await asyncio.sleep(max(0.0, start + tick * TICK_S - loop.time()))
+
+
+def _top_growth(before: tracemalloc.Snapshot, after: tracemalloc.Snapshot, n: int) -> list[str]:
+    stats = after.compare_to(before, "lineno")
+    return [str(s) for s in stats[:n]]
+
+
+def _types() -> Counter[str]:
+    return Counter(type(o).__name__ for o in gc.get_objects())
+
+
+async def soak(args: argparse.Namespace) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="tm-soak-") as tmp:
+        from agent.config import DetectSettings
+
+        # (detect.job_grace_s is newer than the agent this may measure for a baseline.)
+        detect = {"job_grace_s": args.job_grace_s} if "job_grace_s" in DetectSettings.model_fields else {}
+        settings = Settings.model_validate(
+            {
+                "detect": detect,
+                "log_format": "text",
+                "log_level": "WARNING",
+                "kubernetes": {"enabled": False},
+                "logs": {"enabled": False},
+                "kernel": {"source": "off"},
+                "metrics": {"nvml": False},
+                "api": {"enabled": False},
+                "remediate": {"enabled": False, "store": f"{tmp}/tm.db", "scene_dir": f"{tmp}/scenes"},
+            }
+        )
+        agent = build_agent(settings, Role.ALL)
+        brain = agent.brain
+        assert brain is not None
+        lag = getattr(agent, "lag", None)
+        if lag is None:  # an agent without its own monitor (a baseline): the same measure, from here
+            from agent.looplag import LoopLagMonitor
+
+            lag = LoopLagMonitor(Telemetry())
+            agent.components["looplag"] = lambda: lag.run(agent.stop)
+        runner = asyncio.create_task(run_agent(agent))
+        await agent.started.wait()
+        await brain.ready.wait()
+        pub = Publisher(agent, args)
+        samples: list[tuple[float, float]] = []
+        t0 = time.monotonic()
+        snap: tracemalloc.Snapshot | None = None
+        types0: Counter[str] | None = None
+        lines_at_warmup = 0
+        lag_at_warmup = 0
+        t_warm = float(args.warmup_s)
+
+        def lines_read() -> int:
+            value = agent.telemetry.registry.get_sample_value("trainmedic_lines_in_total", {"source": "container_log"})
+            return int(value or 0)
+
+        async def sample() -> None:
+            nonlocal snap, types0, lines_at_warmup, lag_at_warmup, t_warm
+            warm = False
+            while True:
+                await asyncio.sleep(args.sample_s)
+                t = time.monotonic() - t0
+                samples.append((t, rss_mb()))
+                if not warm and t >= args.warmup_s:
+                    warm = True
+                    if args.tracemalloc:
+                        gc.collect()
+                        snap = tracemalloc.take_snapshot()
+                        types0 = _types()
+                    lines_at_warmup = lines_read()
+                    lag_at_warmup = lag.taken
+                    t_warm = time.monotonic() - t0
+
+        sampler = asyncio.create_task(sample())
+        seconds = args.minutes * 60
+        await pub.run(seconds)
+        sampler.cancel()
+        lines_in = lines_read()
+        stats = agent.bus.stats() if hasattr(agent.bus, "stats") else {}
+        backlog = {topic: s["records"] for topic, s in stats.items() if s["records"]}
+        state = brain.state_sizes() if hasattr(brain, "state_sizes") else {}
+        lags = list(lag.samples)[-(lag.taken - lag_at_warmup) :] if lag.taken > lag_at_warmup else []
+        if args.tracemalloc and snap is not None and types0 is not None:
+            gc.collect()
+            end = tracemalloc.take_snapshot()
+            print("== top allocation growth after the warm-up ==", file=sys.stderr)
+            for line in _top_growth(snap, end, 30):
+                print(line, file=sys.stderr)
+            grown = _types() - types0
+            print("== object types grown ==", file=sys.stderr)
+            for name, count in grown.most_common(25):
+                print(f"{name}: +{count}", file=sys.stderr)
+        agent.stop.set()
+        await asyncio.wait_for(runner, 60)
+        measured = [p for p in samples if p[0] >= args.warmup_s]
+        elapsed = max(1e-9, seconds - t_warm)
+        return {
+            "soak_minutes": args.minutes,
+            "soak_target_lines_per_s": args.lines_per_s,
+            "soak_faults_per_s": args.faults_per_s,
+            "soak_lines_per_s": round((lines_in - lines_at_warmup) / elapsed),
+            "soak_lines_published": pub.lines,
+            "soak_lines_read": lines_in,
+            "soak_jobs": pub.jobs,
+            "soak_diagnoses": brain.diagnoses_published,
+            "soak_memory_bus_rss_slope_mb_per_min": round(slope_per_min(measured), 2),
+            "soak_rss_start_mb": round(measured[0][1], 1) if measured else None,
+            "soak_rss_end_mb": round(samples[-1][1], 1) if samples else None,
+            "soak_loop_lag_p99_ms": round(percentile(lags, 0.99) * 1000, 1),
+            "soak_loop_lag_max_ms": round(max(lags, default=0.0) * 1000, 1),
+            "soak_backlog_end": backlog,
+            "soak_state_entries": state,
+            "soak_load_1m": round(os.getloadavg()[0], 2),
+            "soak_cpus": os.cpu_count(),
+        }
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--minutes", type=float, default=30.0)
+    p.add_argument("--lines-per-s", type=float, default=20_000)
+    p.add_argument("--faults-per-s", type=float, default=20)
+    p.add_argument("--fail-after-s", type=float, default=40.0)
+    p.add_argument("--delete-after-s", type=float, default=20.0)
+    p.add_argument("--warmup-s", type=float, default=300.0)
+    p.add_argument("--job-grace-s", type=float, default=120.0, help="detect.job_grace_s of the agent")
+    p.add_argument("--sample-s", type=float, default=5.0)
+    p.add_argument("--tracemalloc", action="store_true")
+    p.add_argument("--results", type=Path, default=None, help="merge the figures into this JSON file")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.tracemalloc:
+        tracemalloc.start(1)
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    out = asyncio.run(soak(args))
+    print(json.dumps(out, indent=2))
+    if args.results is not None:
+        results = json.loads(args.results.read_text()) if args.results.exists() else {}
+        results.update(out)
+        args.results.write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
