@@ -4,8 +4,8 @@
 #                Prometheus and Alertmanager from Debian, Apache Kafka from Maven Central, tansu)
 #   make kafka   Apache Kafka's jars for the bus tests, once per version (make test does it)
 #   make cluster the real Kubernetes control plane for tests/realplane (kube-apiserver,
-#                kube-controller-manager, kube-scheduler and KWOK built with Go; etcd from Debian),
-#                once per version (make test does it)
+#                kube-controller-manager, kube-scheduler, etcd and KWOK built with Go), once per
+#                version (make test does it)
 #   make helm    helm built from its Go module, for the chart's tests, once per version (make test does it)
 #   make bench   throughput and latency figures as one JSON object (bench/results.json)
 #   make soak    the daemon under sustained load (bench/soak.py): RSS slope, loop lag, state gauges
@@ -25,9 +25,9 @@ KAFKA_STAMP   := $(KAFKA_HOME)/lib/.pom-$(shell sha256sum $(KAFKA_POM) | cut -c1
 # The real control plane: the Kubernetes release tests/cluster/go.mod pins, built by build.sh into
 # a cache directory keyed by version (tests/servers/kubeplane.py finds it there).
 KUBE_DIR     := tests/cluster
-KUBE_VERSION := $(shell sed -n 's:^require k8s.io/kubernetes \(v[0-9.]*\)$$:\1:p' $(KUBE_DIR)/go.mod)
+KUBE_VERSION := $(shell awk '$$1 == "k8s.io/kubernetes" { print $$2 } $$1 == "require" && $$2 == "k8s.io/kubernetes" { print $$3 }' $(KUBE_DIR)/go.mod)
 KUBE_HOME    := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/trainmedic/kube-$(KUBE_VERSION)
-KUBE_STAMP   := $(KUBE_HOME)/bin/.built-$(shell cat $(KUBE_DIR)/go.mod $(KUBE_DIR)/go.sum $(KUBE_DIR)/build.sh | sha256sum | cut -c1-12)
+KUBE_STAMP   := $(KUBE_HOME)/bin/.built-$(shell cat $(KUBE_DIR)/go.mod $(KUBE_DIR)/go.sum $(KUBE_DIR)/build.sh $(KUBE_DIR)/etcd/main.go | sha256sum | cut -c1-12)
 
 .PHONY: all venv servers kafka cluster helm check lint types test demo bench soak clean
 
@@ -66,16 +66,17 @@ $(KAFKA_STAMP):
 	  || { echo "$$out"; exit 1; }
 	@rm -rf $(KAFKA_HOME)/lib && mv $(KAFKA_HOME)/lib.tmp $(KAFKA_HOME)/lib && touch $(KAFKA_STAMP)
 
-# kube-apiserver, kube-controller-manager and kube-scheduler from k8s.io/kubernetes, and KWOK, with
-# `go build` (about 20 CPU-minutes the first time); etcd is Debian's etcd-server, installed when missing.
+# kube-apiserver, kube-controller-manager and kube-scheduler from k8s.io/kubernetes, etcd at the
+# version that release uses, and KWOK, with `go build` (about 10 CPU-minutes the first time; openssl,
+# which the tests make their certificates with, is installed from Debian when missing).
 cluster: $(KUBE_STAMP)
 
-$(KUBE_STAMP): $(KUBE_DIR)/go.mod $(KUBE_DIR)/go.sum $(KUBE_DIR)/build.sh
+$(KUBE_STAMP): $(KUBE_DIR)/go.mod $(KUBE_DIR)/go.sum $(KUBE_DIR)/build.sh $(KUBE_DIR)/etcd/main.go
 	@command -v go >/dev/null || { echo "make cluster needs Go"; exit 1; }
-	@command -v etcd >/dev/null && command -v openssl >/dev/null || { \
+	@command -v openssl >/dev/null || { \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && \
-	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends etcd-server openssl >/dev/null; }
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends openssl >/dev/null; }
 	$(KUBE_DIR)/build.sh
 	@touch $@
 

@@ -1245,6 +1245,7 @@ class Reflector:
         self._missing_logged = False
         self._listed = False  # a list has succeeded: the credentials and RBAC were fine then
         self._refused = 0  # refusals (401/403) since the last successful list
+        self._transient = False  # the last error was a refusal retried as transient
         self.stream: LineStream[dict[str, Any]] | None = None
 
     # -- helpers -----------------------------------------------------------------------------------
@@ -1298,6 +1299,7 @@ class Reflector:
                 self.state = "watching"
                 started = loop.time()
                 got = await self._watch()
+                self._refused = 0  # the watch was accepted
                 if self._rv is None:
                     # The server does not version objects: a bare re-watch could miss deletions.
                     need_list = True
@@ -1314,7 +1316,9 @@ class Reflector:
                     raise
                 need_list = need_list or self._rv is None
                 attempt = await self._handle_error(err, attempt)
-                if isinstance(err, ResourceGone | PermanentWatchError):
+                # A refusal retried as transient keeps the resourceVersion: the watch resumes from it
+                # (a restarted API server is not made to list everything again for nothing).
+                if isinstance(err, ResourceGone) or (isinstance(err, PermanentWatchError) and not self._transient):
                     need_list = True
 
     def _what(self) -> str:
@@ -1323,6 +1327,7 @@ class Reflector:
 
     async def _handle_error(self, err: WatchError, attempt: int) -> int:
         s = self.settings
+        self._transient = False
         if isinstance(err, ResourceGone):
             self.relists += 1
             self.telemetry.watch_relists.labels(resource=self.spec.name).inc()
@@ -1347,6 +1352,7 @@ class Reflector:
                 # It worked before: most likely an API server still filling its caches after a
                 # restart, which refuses everyone for a few seconds. Retry soon before giving up.
                 self._refused += 1
+                self._transient = True
                 delay = self.backoff(self._refused - 1)
                 log.warning("%s: %s; it was allowed before, retrying in %.1f s", self.name, err, delay)
                 await asyncio.sleep(delay)
@@ -1590,16 +1596,33 @@ class PodHandler(Handler):
 
 
 class EventHandler(Handler):
-    """core/v1 Events -> K8sEvent, de-duplicated by uid + count; old events recorded, not published."""
+    """core/v1 Events -> K8sEvent, de-duplicated by uid + count; old events recorded, not published,
+    and so are events from before the agent started about pods that are gone."""
 
     def __init__(self, publisher: Publisher, jobs: JobIndex, settings: WatchSettings) -> None:
         self.publisher = publisher
         self.jobs = jobs
         self.settings = settings
         self.seen: OrderedDict[str, int] = OrderedDict()
+        self.started = time.time()
 
     def key(self, obj: Mapping[str, Any]) -> str | None:
         return _str(_get(obj, "metadata", "uid")) or object_key(obj)
+
+    def _history(self, obj: Mapping[str, Any], when: float | None) -> bool:
+        """An event from before this agent started about a pod the index does not hold: the pod is
+        gone, and so is what the event said (a NodeNotReady the node lifecycle controller recorded on
+        a pod since deleted, replayed by the first list after a restart). Recorded, not published."""
+        # Event times have whole seconds (lastTimestamp): one second of slack.
+        if when is None or when >= self.started - 1.0:
+            return False
+        inv = _map(obj.get("involvedObject")) or _map(obj.get("regarding"))
+        if _str(inv.get("kind")) != "Pod":
+            return False
+        uid, name = _str(inv.get("uid")), _str(inv.get("name"))
+        namespace = _str(inv.get("namespace")) or _str(_get(obj, "metadata", "namespace")) or "default"
+        known = (self.jobs.pod_by_uid(uid) if uid else None) or (self.jobs.pod(namespace, name) if name else None)
+        return known is None
 
     def keys(self, namespace: str | None) -> list[str]:
         return []  # events that disappear expired (TTL): nothing to publish
@@ -1616,7 +1639,7 @@ class EventHandler(Handler):
             return
         when = event_time(obj)
         fresh = when is None or time.time() - when <= self.settings.event_max_age_s
-        if fresh:
+        if fresh and not self._history(obj, when):
             await self.publisher.publish(k8s_event(obj, self.jobs))
         self.seen[key] = count
         self.seen.move_to_end(key)

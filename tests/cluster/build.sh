@@ -1,12 +1,14 @@
 #!/bin/sh
 # Builds the real Kubernetes control plane the realplane tests start (tests/servers/kubeplane.py):
 # kube-apiserver, kube-controller-manager and kube-scheduler from this module's pinned
-# k8s.io/kubernetes, and KWOK for the fake nodes, into a cache directory keyed by version:
+# k8s.io/kubernetes, etcd at the version that release uses (./etcd), and KWOK for the fake nodes,
+# into a cache directory keyed by version:
 #   ${XDG_CACHE_HOME:-~/.cache}/trainmedic/kube-<version>/bin
 # Idempotent: a binary already there is not rebuilt. Prints the bin directory on success.
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
-version=$(sed -n 's/^require k8s.io\/kubernetes \(v[0-9.]*\)$/\1/p' "$here/go.mod")
+version=$(awk '$1 == "k8s.io/kubernetes" { print $2 } $1 == "require" && $2 == "k8s.io/kubernetes" { print $3 }' "$here/go.mod")
+[ -n "$version" ] || { echo "build.sh: no k8s.io/kubernetes requirement in $here/go.mod" >&2; exit 1; }
 kwok_version=v0.8.0
 cache=${XDG_CACHE_HOME:-$HOME/.cache}/trainmedic/kube-$version
 bin=$cache/bin
@@ -22,6 +24,11 @@ for cmd in kube-apiserver kube-controller-manager kube-scheduler; do
 		mv "$bin/$cmd.tmp" "$bin/$cmd"
 	fi
 done
+if [ ! -x "$bin/etcd" ]; then
+	echo "building etcd (go.etcd.io/etcd/server/v3)" >&2
+	go build -trimpath -ldflags "-s -w" -o "$bin/etcd.tmp" ./etcd
+	mv "$bin/etcd.tmp" "$bin/etcd"
+fi
 if [ ! -x "$bin/kwok" ]; then
 	echo "building kwok $kwok_version" >&2
 	tmp=$(mktemp -d)
@@ -29,17 +36,17 @@ if [ ! -x "$bin/kwok" ]; then
 	mv "$tmp/kwok" "$bin/kwok"
 	rmdir "$tmp"
 fi
-# KWOK's stock stages (the ones kwokctl gives its clusters): node initialisation, the heartbeat that
-# goes with node leases, and the pod lifecycle (ready, complete, delete), from KWOK's own module.
+# KWOK's stock stages (the ones kwokctl gives its clusters), from KWOK's own module: node
+# initialisation, the heartbeat that goes with node leases, pods made ready and deleted. Not its
+# pod-complete stage, which finishes a Job's pods at once: training pods run until deleted.
+# Written every time (cheap), so a change here always reaches the file.
 stages=$cache/kwok-stages.yaml
-if [ ! -s "$stages" ]; then
-	src=$(go env GOMODCACHE)/sigs.k8s.io/kwok@$kwok_version/kustomize/stage
-	[ -d "$src" ] || (cd / && go mod download "sigs.k8s.io/kwok@$kwok_version")
-	for f in node/fast/node-initialize.yaml node/heartbeat-with-lease/node-heartbeat-with-lease.yaml \
-		pod/fast/pod-ready.yaml pod/fast/pod-complete.yaml pod/fast/pod-delete.yaml; do
-		echo "---"
-		cat "$src/$f"
-	done >"$stages.tmp"
-	mv "$stages.tmp" "$stages"
-fi
+src=$(go env GOMODCACHE)/sigs.k8s.io/kwok@$kwok_version/kustomize/stage
+[ -d "$src" ] || (cd / && go mod download "sigs.k8s.io/kwok@$kwok_version")
+for f in node/fast/node-initialize.yaml node/heartbeat-with-lease/node-heartbeat-with-lease.yaml \
+	pod/fast/pod-ready.yaml pod/fast/pod-delete.yaml; do
+	echo "---"
+	cat "$src/$f"
+done >"$stages.tmp"
+mv "$stages.tmp" "$stages"
 echo "$bin"

@@ -60,6 +60,7 @@ def job_body(
     ckpt: Path | None = None,
     resource: str = GPU,
     finalizers: list[str] | None = None,
+    tolerations: list[dict[str, str]] | None = None,
 ) -> dict[str, Any]:
     """An Indexed batch/v1 Job, one pod per node (each asks for all 8 accelerators of a node)."""
     ann = {"trainmedic.io/resume-args": RESUME_ARGS}
@@ -82,6 +83,7 @@ def job_body(
                 "spec": {
                     "restartPolicy": "Never",
                     "terminationGracePeriodSeconds": 0,
+                    "tolerations": tolerations or [],
                     "containers": [
                         {
                             "name": "trainer",
@@ -227,6 +229,15 @@ def admin_ops(plane: KubePlane) -> tuple[KubeOps, Any]:
     return KubeOps(api), api
 
 
+def gone_ok(plane: KubePlane, method: str, path: str, body: Any, *, content_type: str) -> None:
+    """A request about an object that may have gone meanwhile (404 is fine)."""
+    try:
+        plane.request(method, path, body, content_type=content_type)
+    except urllib.error.HTTPError as e:
+        if e.code != 404:
+            raise
+
+
 async def clean(plane: KubePlane) -> None:
     """Back to six healthy, schedulable nodes and no training jobs: KWOK plays every node again, our
     quarantines are released, the jobs and their pods are gone."""
@@ -239,7 +250,8 @@ async def clean(plane: KubePlane) -> None:
         for j in jobs:
             name = j["metadata"]["name"]
             if j["metadata"].get("finalizers"):
-                plane.request(
+                gone_ok(
+                    plane,
                     "PATCH",
                     f"/apis/batch/v1/namespaces/{TRAINING}/jobs/{name}",
                     {"metadata": {"finalizers": None}},
@@ -252,7 +264,8 @@ async def clean(plane: KubePlane) -> None:
         for p in plane.request("GET", f"/api/v1/namespaces/{TRAINING}/pods")["items"]:
             name = p["metadata"]["name"]
             if p["metadata"].get("finalizers"):
-                plane.request(
+                gone_ok(
+                    plane,
                     "PATCH",
                     f"/api/v1/namespaces/{TRAINING}/pods/{name}",
                     {"metadata": {"finalizers": None}},

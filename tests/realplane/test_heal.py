@@ -125,21 +125,27 @@ async def test_the_real_scheduler_keeps_new_pods_off_a_quarantined_node(fresh: K
     finally:
         ops.close()
         api.close()
-    # Three Jobs of one 8-GPU pod each: four GPU nodes, one quarantined, so exactly three fit.
-    jobs = [create_job(plane, job_body(f"fill-{i}", pods=1)) for i in range(4)]
-    placed = [await until("a pod placed", functools.partial(running_on, plane, j, 1)) for j in jobs[:3]]
+    # Four GPU nodes, one quarantined: three Jobs of one 8-GPU pod each land on the other three.
+    jobs = [create_job(plane, job_body(f"fill-{i}", pods=1)) for i in range(3)]
+    placed = [await until("a pod placed", functools.partial(running_on, plane, j, 1)) for j in jobs]
     assert sorted(n for [n] in placed) == ["gpu-2", "gpu-3", "gpu-4"]
+    # A fourth does not fit: the cordon keeps it off gpu-1, and so does our taint for a pod that
+    # tolerates the cordon (as DaemonSet pods do).
+    cordon = {"key": "node.kubernetes.io/unschedulable", "operator": "Exists", "effect": "NoSchedule"}
+    plain = create_job(plane, job_body("fourth", pods=1))
+    tolerant = create_job(plane, job_body("tolerant", pods=1, tolerations=[cordon]))
 
-    def unschedulable() -> str | None:
-        pods = job_pods(plane, jobs[3])
-        for p in pods:
+    def unschedulable(job: dict[str, Any]) -> str | None:
+        for p in job_pods(plane, job):
             for c in (p.get("status") or {}).get("conditions") or []:
                 if c.get("type") == "PodScheduled" and c.get("reason") == "Unschedulable":
                     return str(c.get("message"))
         return None
 
-    message = await until("the fourth pod found unschedulable", unschedulable)
-    assert TAINT_KEY in message and "untolerated taint" in message
+    message = await until("the fourth pod unschedulable", functools.partial(unschedulable, plain))
+    assert "1 node(s) were unschedulable" in message and "Insufficient nvidia.com/gpu" in message
+    message = await until("the tolerant pod unschedulable", functools.partial(unschedulable, tolerant))
+    assert "1 node(s) had untolerated taint(s)" in message and has_taint(plane, "gpu-1", TAINT_KEY)
 
 
 async def test_a_slow_deletion_is_waited_for_before_the_replacement(fresh: KubePlane, tmp_path: Path) -> None:
@@ -203,12 +209,18 @@ async def test_a_late_approval_after_a_manual_resubmit_touches_nothing(fresh: Ku
         store = agents.store
         store.approve(incident_id, by="alice")  # what `trainmedic approve` does
         store.close()
-        [(_, status)] = await until("the approval handled", agents.terminal, timeout=60)
+
+        def decided() -> list[tuple[str, IncidentStatus]]:
+            return [(i, st) for i, st in agents.terminal() if st is not IncidentStatus.AWAITING_APPROVAL]
+
+        [(_, status)] = await until("the approval handled", decided, timeout=60)
         await asyncio.sleep(1)
     finally:
         await agents.stop()
-    assert status is not IncidentStatus.RESOLVED
+    # The restart was cancelled as stale: the job the person resubmitted is left as it is.
+    assert status is IncidentStatus.OBSERVED
     cur = get_job(plane, "resub")
     assert cur is not None and cur["metadata"]["uid"] == mine["metadata"]["uid"]
     assert "trainmedic.io/incident" not in (cur["metadata"].get("annotations") or {})
-    assert not has_taint(plane, bad, TAINT_KEY)
+    # The Xid was the node's: keeping new work off it was approved and still holds.
+    assert has_taint(plane, bad, TAINT_KEY)

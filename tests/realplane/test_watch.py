@@ -174,13 +174,17 @@ async def test_a_watch_survives_an_apiserver_restart_and_410_gone(
     recorder, telemetry, start = watch
     # A refusal is re-checked only every 300 s, as deployed: a restarting API server's 401/403 must
     # not cost that long.
-    await start(settings=dataclasses.replace(FAST, forbidden_recheck_s=300.0))
+    w = await start(settings=dataclasses.replace(FAST, forbidden_recheck_s=300.0))
     create_pod(plane, "before")
     create_pod(plane, "doomed")
     await until("before Running", lambda: seen(recorder, "before", phase="Running"))
     await until("doomed Running", lambda: seen(recorder, "doomed", phase="Running"))
     if compact:
-        # Other writes move etcd on; compacting there expires the watch's resourceVersion.
+        # Served by etcd directly (no watch cache, no bookmark at shutdown), the watch keeps the
+        # resourceVersion of the last pod it saw; other writes move etcd on and compacting there
+        # expires it: the restarted API server answers the resumed watch 410 Gone.
+        await asyncio.to_thread(plane.restart_apiserver, watch_cache=False)
+        await until("the watch open again", lambda: w.reflectors[0].state == "watching")
         for i in range(5):
             plane.request("POST", f"/api/v1/namespaces/{TRAINING}/configmaps", {"metadata": {"name": f"churn-{i}"}})
         plane.compact()

@@ -1,9 +1,9 @@
 """A real Kubernetes control plane on loopback, for tests (issue 15, DESIGN.md "Real components").
 
-etcd (Debian's `etcd-server`), kube-apiserver, kube-controller-manager and kube-scheduler built with
-`go build` from the `k8s.io/kubernetes` module pinned in tests/cluster/go.mod (tests/cluster/build.sh,
-run by `make cluster`), and KWOK (one process per node) playing the kubelets of six fake nodes: four
-with 8 `nvidia.com/gpu` each, two with 8 `huawei.com/Ascend910` each.
+etcd, kube-apiserver, kube-controller-manager and kube-scheduler built with `go build` from the
+`k8s.io/kubernetes` module pinned in tests/cluster/go.mod and the etcd server it uses
+(tests/cluster/build.sh, run by `make cluster`), and KWOK (one process per node) playing the kubelets
+of six fake nodes: four with 8 `nvidia.com/gpu` each, two with 8 `huawei.com/Ascend910` each.
 
 The API server serves TLS with certificates made here (openssl), authenticates clients by
 certificate (the admin is in `system:masters`) and by service-account token (signed with a key made
@@ -26,7 +26,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import shutil
 import signal
 import socket
 import ssl
@@ -44,7 +43,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 GO_MOD = ROOT / "tests" / "cluster" / "go.mod"
-COMPONENTS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
 # The node lifecycle controller's settings under test: a node whose lease is not renewed for
 # NODE_GRACE_S is NotReady (Unknown) and tainted unreachable. Production keeps the defaults (40s+).
 NODE_GRACE_S = 6
@@ -54,8 +53,11 @@ NODE_LEASE_S = 4
 
 def kube_version() -> str:
     for line in GO_MOD.read_text().splitlines():
-        if line.startswith("require k8s.io/kubernetes "):
-            return line.split()[-1]
+        words = line.split()
+        if words[:1] == ["require"]:
+            words = words[1:]
+        if len(words) >= 2 and words[0] == "k8s.io/kubernetes":
+            return words[1]
     raise RuntimeError(f"{GO_MOD} does not require k8s.io/kubernetes")
 
 
@@ -63,13 +65,6 @@ def bin_dir() -> Path:
     """Where tests/cluster/build.sh puts the binaries: ${XDG_CACHE_HOME:-~/.cache}/trainmedic/kube-<v>/bin."""
     cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(cache) / "trainmedic" / f"kube-{kube_version()}" / "bin"
-
-
-def find_etcd() -> str | None:
-    found = shutil.which("etcd")
-    if found:
-        return found
-    return "/usr/bin/etcd" if os.access("/usr/bin/etcd", os.X_OK) else None
 
 
 def in_ci() -> bool:
@@ -80,8 +75,6 @@ def missing() -> list[str]:
     out = [str(bin_dir() / c) for c in COMPONENTS if not os.access(bin_dir() / c, os.X_OK)]
     if not (bin_dir().parent / "kwok-stages.yaml").is_file():
         out.append(str(bin_dir().parent / "kwok-stages.yaml"))
-    if find_etcd() is None:
-        out.append("etcd (Debian's etcd-server)")
     return out
 
 
@@ -129,12 +122,15 @@ class Proc:
     name: str
     argv: list[str]
     log: Path
+    env: Mapping[str, str] = field(default_factory=dict)
     popen: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
         out = self.log.open("ab")
         try:
-            self.popen = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            self.popen = subprocess.Popen(
+                self.argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env={**os.environ, **self.env}
+            )
         finally:
             out.close()
 
@@ -192,16 +188,17 @@ class KubePlane:
 
     # -- processes ---------------------------------------------------------------------------------
 
-    def _proc(self, name: str, argv: list[str]) -> Proc:
-        p = Proc(name, argv, self.dir / f"{name}.log")
+    def _proc(self, name: str, argv: list[str], env: Mapping[str, str] | None = None) -> Proc:
+        p = Proc(name, argv, self.dir / f"{name}.log", dict(env or {}))
         self.procs[name] = p
         p.start()
         return p
 
-    def _apiserver_argv(self) -> list[str]:
+    def _apiserver_argv(self, *, watch_cache: bool = True) -> list[str]:
         k = self.pki
         return [
             str(self.bin / "kube-apiserver"),
+            *([] if watch_cache else ["--watch-cache=false"]),
             f"--etcd-servers={self.etcd_url}",
             "--bind-address=127.0.0.1",
             "--advertise-address=127.0.0.1",
@@ -225,8 +222,7 @@ class KubePlane:
         self.dir.mkdir(parents=True, exist_ok=True)
         make_pki(self.pki)
         self._write_kubeconfig()
-        etcd = find_etcd()
-        assert etcd is not None
+        etcd = str(self.bin / "etcd")
         peer = free_port()
         self._proc(
             "etcd",
@@ -355,18 +351,12 @@ class KubePlane:
             if p is not None:
                 p.stop()
 
-    def restart_apiserver(self, timeout: float = 60.0) -> None:
-        """Stop the API server and start it again on the same port and etcd. The KWOK processes are
-        restarted after it: KWOK 0.8's lease cache does not recover from losing the API server (its
-        renewals conflict for ever, and every node would go NotReady), where a kubelet's does."""
+    def restart_apiserver(self, timeout: float = 60.0, *, watch_cache: bool = True) -> None:
+        """Stop the API server and start it again on the same port and etcd. Without its watch cache,
+        watches are served by etcd itself (and the API server sends no bookmarks on shutdown)."""
         self.procs["kube-apiserver"].stop()
-        self._proc("kube-apiserver", self._apiserver_argv())
+        self._proc("kube-apiserver", self._apiserver_argv(watch_cache=watch_cache))
         self.wait_apiserver(timeout)
-        for n in self.nodes:
-            p = self.procs.get(f"kwok-{n.name}")
-            if p is not None and p.alive():
-                p.stop()
-                self.start_kwok(n.name)
 
     def wait_apiserver(self, timeout: float = 60.0) -> None:
         self._wait("kube-apiserver ready", lambda: self._get("/readyz") is not None, timeout)

@@ -177,6 +177,29 @@ async def test_forbidden_is_reported_as_configuration_and_rechecked(
     await wait_until(lambda: w.states()["nodes"] == "watching", what="nodes watched")
 
 
+@pytest.mark.parametrize("status", [401, 403])
+async def test_a_refusal_after_a_good_list_is_retried_soon_and_resumes_the_watch(
+    status: int,
+    kube: KubeEmulator,
+    cluster: Cluster,
+    start_watchers: StartWatchers,
+    recorder: EventRecorder,
+    telemetry: Telemetry,
+) -> None:
+    """A restarting API server refuses everyone until its caches fill: a watch that had listed fine
+    is retried at the backoff pace, not after forbidden_recheck_s (that it resumes from its
+    resourceVersion, kmock having none, is proven on the real plane: tests/realplane/test_watch.py)."""
+    await cluster.create_pod("train", "p0", labels={"job-name": "llama"})
+    kube.handler[kmock.action.WATCH, kmock.resource(POD_RESOURCE)][:2] << status
+    settings = dataclasses.replace(FAST, forbidden_recheck_s=300.0)
+    w = await start_watchers(resources=["pods"], settings=settings, wait=False)
+    await wait_event(w.ready, what="watchers ready")
+    await wait_until(lambda: len(kube.requests("v1/pods", action="watch")) >= 3, what="the third watch")
+    kind = "forbidden" if status == 403 else "unauthorized"
+    assert _sample(telemetry, "trainmedic_watch_errors_total", source="k8s/pods", kind=kind) == 2
+    await wait_until(lambda: w.states()["pods"] == "watching", what="watching again")
+
+
 async def test_malformed_and_oversized_watch_lines_are_set_aside(
     kube: KubeEmulator, start_watchers: StartWatchers, recorder: EventRecorder, telemetry: Telemetry
 ) -> None:

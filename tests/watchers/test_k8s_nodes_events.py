@@ -168,3 +168,22 @@ async def test_events_listed_at_start_find_the_job_of_their_pod(
     await start_watchers(resources=["events", "pods"])  # events listed only once the pods are
     (scheduled,) = recorder.payloads(K8sEvent)
     assert (scheduled.reason, scheduled.job) == ("Scheduled", JobRef(namespace="train", name="llama"))
+
+
+@pytest.mark.parametrize(("pod_there", "published"), [(True, True), (False, False)], ids=["pod-there", "pod-gone"])
+async def test_events_from_before_the_start_about_gone_pods_are_history(
+    cluster: Cluster, start_watchers: StartWatchers, recorder: EventRecorder, pod_there: bool, published: bool
+) -> None:
+    """A NodeNotReady the node lifecycle controller recorded on a pod that has since been deleted,
+    replayed by the first list after a restart, says nothing about the cluster now."""
+    name = "gone-0"
+    if pod_there:
+        job = await cluster.create_job("train", "llama", completions=1)
+        (pod,) = await cluster.create_job_pods(job)
+        name = pod["metadata"]["name"]
+    await cluster.event(
+        "train", kind="Pod", name=name, reason="NodeNotReady", message="Node is not ready", type="Warning",
+        at=time.time() - 120,
+    )  # fmt: skip
+    await start_watchers(resources=["events", "pods"])
+    assert [e.reason for e in recorder.payloads(K8sEvent)] == (["NodeNotReady"] if published else [])
