@@ -133,9 +133,10 @@ class DetectSettings(_Group):
 
     @model_validator(mode="after")
     def _fold_older_names(self) -> DetectSettings:
-        over = {k: v for k, v in (("floor_s", self.hang_floor_s), ("factor", self.hang_factor)) if v is not None}
-        if over:
-            self.hang = replace(self.hang, **over)
+        if self.hang_floor_s is not None:
+            self.hang = replace(self.hang, floor_s=self.hang_floor_s)
+        if self.hang_factor is not None:
+            self.hang = replace(self.hang, factor=self.hang_factor)
         return self
 
 

@@ -6,10 +6,11 @@ import math
 from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from enum import Enum
+from typing import Annotated
 
 from pydantic import ConfigDict, Field
 from pydantic.dataclasses import dataclass as pydantic_dataclass
-from enum import Enum
 
 from detectors.hang_schema import EPOCH_SCALE, MarkerKind
 from trainmedic.models import Chip
@@ -28,58 +29,89 @@ class HangSettings:
 
     # A silence must outlast max(factor x interval, floor_s) to be a hang (the interval is the
     # `interval_quantile` of the recent step gaps). With a step every 2 s: 20 s.
-    floor_s: float = Field(20.0, description="Shortest silence that can be a hang.")
-    factor: float = Field(
-        4.0, description="A hang is silence longer than this many step intervals (their `interval_quantile`)."
-    )
-    interval_quantile: float = Field(
-        0.9, description="Quantile of the recent step gaps taken as the job's step interval (0.5 to 1)."
-    )
-    startup_floor_s: float = Field(
-        1800.0,
-        description="Log silence tolerated before the first progress line, after the end-of-training marker, "
-        "for jobs without any known marker and while the interval is not learned yet.",
-    )
-    min_interval_samples: int = Field(3, description="Progress gaps needed before the step interval is trusted.")
-    interval_samples: int = Field(64, description="Recent progress gaps the step interval is computed from.")
-    phase_factor: float = Field(
-        20.0,
-        description="An open checkpoint or evaluation phase may last max(phase_factor x interval, "
-        "phase_floor_s, learned_margin x longest observed phase).",
-    )
-    phase_floor_s: float = Field(900.0, description="Shortest deadline of an open checkpoint or evaluation phase.")
-    learned_margin: float = Field(
-        1.5, description="Margin (>= 1) over the longest phase or epoch-boundary pause seen so far."
-    )
-    learned_phases: int = Field(8, description="Phase durations remembered per kind (the longest is used).")
-    min_reports: int = Field(
-        3, description="Progress reports a rank needs before it can be reported as a lone stalled rank."
-    )
-    rank_floor_s: float = Field(
-        60.0,
-        description="Shortest lag behind the other ranks that makes a lone stalled rank (log shipping lags "
-        "between nodes).",
-    )
-    epoch_floor_s: float = Field(
-        180.0,
-        description="Slack after the last step of an epoch (data loader restart, reshuffle): "
-        "max(base, epoch_floor_s, learned_margin x longest boundary pause seen).",
-    )
-    round_steps: int = Field(
-        100,
-        description="Frameworks that print only an evaluation's result: until its period is learned, a silence "
-        "beginning at a multiple of this step gets the phase deadline.",
-    )
-    util_window_s: float = Field(
-        120.0, description="Window at the end of a silence in which device utilisation is judged."
-    )
-    flat_stddev: float = Field(
-        5.0, description="Std-dev (percentage points) below which a device utilisation series counts as flat."
-    )
-    util_samples: int = Field(512, description="Utilisation samples kept per device series.")
-    stale_s: float = Field(
-        3600.0, description="State of a job that is not (or no longer) known to run is dropped after this silence."
-    )
+    floor_s: Annotated[float, Field(gt=0, description="Shortest silence that can be a hang.")] = 20.0
+    factor: Annotated[
+        float,
+        Field(gt=0, description="A hang is silence longer than this many step intervals (their `interval_quantile`)."),
+    ] = 4.0
+    interval_quantile: Annotated[
+        float,
+        Field(
+            ge=0.5, le=1, description="Quantile of the recent step gaps taken as the job's step interval (0.5 to 1)."
+        ),
+    ] = 0.9
+    startup_floor_s: Annotated[
+        float,
+        Field(
+            gt=0,
+            description="Log silence tolerated before the first progress line, after the end-of-training marker, "
+            "for jobs without any known marker and while the interval is not learned yet.",
+        ),
+    ] = 1800.0
+    min_interval_samples: Annotated[
+        int, Field(ge=1, description="Progress gaps needed before the step interval is trusted.")
+    ] = 3
+    interval_samples: Annotated[
+        int, Field(ge=1, description="Recent progress gaps the step interval is computed from.")
+    ] = 64
+    phase_factor: Annotated[
+        float,
+        Field(
+            gt=0,
+            description="An open checkpoint or evaluation phase may last max(phase_factor x interval, "
+            "phase_floor_s, learned_margin x longest observed phase).",
+        ),
+    ] = 20.0
+    phase_floor_s: Annotated[
+        float, Field(gt=0, description="Shortest deadline of an open checkpoint or evaluation phase.")
+    ] = 900.0
+    learned_margin: Annotated[
+        float, Field(ge=1, description="Margin (>= 1) over the longest phase or epoch-boundary pause seen so far.")
+    ] = 1.5
+    learned_phases: Annotated[
+        int, Field(ge=1, description="Phase durations remembered per kind (the longest is used).")
+    ] = 8
+    min_reports: Annotated[
+        int, Field(ge=1, description="Progress reports a rank needs before it can be reported as a lone stalled rank.")
+    ] = 3
+    rank_floor_s: Annotated[
+        float,
+        Field(
+            gt=0,
+            description="Shortest lag behind the other ranks that makes a lone stalled rank (log shipping lags "
+            "between nodes).",
+        ),
+    ] = 60.0
+    epoch_floor_s: Annotated[
+        float,
+        Field(
+            gt=0,
+            description="Slack after the last step of an epoch (data loader restart, reshuffle): "
+            "max(base, epoch_floor_s, learned_margin x longest boundary pause seen).",
+        ),
+    ] = 180.0
+    round_steps: Annotated[
+        int,
+        Field(
+            ge=1,
+            description="Frameworks that print only an evaluation's result: until its period is learned, a silence "
+            "beginning at a multiple of this step gets the phase deadline.",
+        ),
+    ] = 100
+    util_window_s: Annotated[
+        float, Field(gt=0, description="Window at the end of a silence in which device utilisation is judged.")
+    ] = 120.0
+    flat_stddev: Annotated[
+        float,
+        Field(ge=0, description="Std-dev (percentage points) below which a device utilisation series counts as flat."),
+    ] = 5.0
+    util_samples: Annotated[int, Field(ge=1, description="Utilisation samples kept per device series.")] = 512
+    stale_s: Annotated[
+        float,
+        Field(
+            gt=0, description="State of a job that is not (or no longer) known to run is dropped after this silence."
+        ),
+    ] = 3600.0
 
     def __post_init__(self) -> None:
         for name in (
