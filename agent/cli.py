@@ -357,6 +357,13 @@ def _run(args: argparse.Namespace) -> int:
             print(f"trainmedic: config: {p}", file=sys.stderr)
         return EXIT_UNUSABLE
     if args.check:
+        from agent.configcheck import data_file_problems, refusal_lines
+
+        refused = data_file_problems(settings, role)
+        if refused:
+            for line in refusal_lines(refused):
+                print(terminal_safe(line), file=sys.stderr)
+            return EXIT_PROBLEMS
         return _run_check(settings, role)
     from agent import run
 

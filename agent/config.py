@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Mapping
+from dataclasses import replace
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, Literal
@@ -26,6 +27,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 
+from detectors.hang_state import HangSettings
 from trainmedic.datafile import load_yaml
 from trainmedic.errors import TrainmedicError
 
@@ -110,9 +112,14 @@ class DetectSettings(_Group):
     rule_dirs: list[str] = Field(default_factory=list, description="Extra rule directories beside the shipped rules.")
     engine: Literal["auto", "fast", "re"] = Field("auto", description="Hyperscan when installed (auto), or `re`.")
     window_s: float = Field(30.0, gt=0, description="Seconds a job's diagnosis window gathers evidence.")
-    hang_floor_s: float = Field(20.0, gt=0, description="Shortest silence that can be a hang.")
-    hang_factor: float = Field(
-        4.0, gt=1, description="A hang is silence longer than this many step intervals (their 90th percentile)."
+    hang: HangSettings = Field(
+        default_factory=HangSettings, description="The hang detector (detectors/hang.py), every field of it."
+    )
+    hang_floor_s: float | None = Field(
+        None, gt=0, description="Older name of `hang.floor_s`; when set it overrides that (kept for existing files)."
+    )
+    hang_factor: float | None = Field(
+        None, gt=1, description="Older name of `hang.factor`; when set it overrides that (kept for existing files)."
     )
     tick_s: float = Field(
         1.0, gt=0, le=60, description="How often closed windows are published and silent jobs checked for a hang."
@@ -123,6 +130,14 @@ class DetectSettings(_Group):
     idle_s: float = Field(
         21_600.0, gt=0, description="What the brain keeps about a job (or node) with no event for this long is let go."
     )
+
+    @model_validator(mode="after")
+    def _fold_older_names(self) -> DetectSettings:
+        if self.hang_floor_s is not None:
+            self.hang = replace(self.hang, floor_s=self.hang_floor_s)
+        if self.hang_factor is not None:
+            self.hang = replace(self.hang, factor=self.hang_factor)
+        return self
 
 
 class RemediateSettings(_Group):
@@ -156,6 +171,28 @@ class RemediateSettings(_Group):
         200,
         ge=1,
         description="Diagnoses waiting for a turn; past it the oldest are handled observe-only, with a note why.",
+    )
+    stack_timeout_s: float = Field(20.0, gt=0, description="How long the stack dump of a hung job may take.")
+    metrics_window_s: float = Field(
+        900.0, gt=0, description="Device metrics of this many seconds before a fault go into its scene."
+    )
+    body_dir: str | None = Field(
+        None,
+        description="Where a restart's full replacement body (env values included) waits between the delete and "
+        "the create, mode 0600; null: `restart-bodies` beside `scene_dir`.",
+    )
+    gone_deadline_s: float = Field(
+        3600.0,
+        gt=0,
+        description="A workload still terminating this long after its delete is escalated to a person (the "
+        "replacement is still created once it is gone).",
+    )
+    approval_poll_s: float = Field(2.0, gt=0, description="How often pending approvals are looked for (approve mode).")
+    retry_after_s: float = Field(10.0, gt=0, description="An action that failed temporarily is tried again after this.")
+    poll_ms: int = Field(100, ge=1, le=60_000, description="Longest wait of one poll for diagnoses on the bus.")
+    max_records: int = Field(100, ge=1, le=100_000, description="Diagnoses read from the bus per poll.")
+    reports: bool = Field(
+        True, description="Write report.{en,zh}.{md,html} into the scene directory when an incident settles."
     )
     node_conditions: bool | None = Field(
         None,

@@ -23,6 +23,7 @@ from typing import Any, Literal, get_args, get_origin
 import annotated_types
 import yaml
 from pydantic import BaseModel, SecretStr
+from pydantic.dataclasses import is_pydantic_dataclass
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
@@ -72,18 +73,28 @@ def _strip_none(tp: Any) -> tuple[Any, bool]:
     return tp, False
 
 
-def _model_of(tp: Any) -> type[BaseModel] | None:
-    return tp if isinstance(tp, type) and issubclass(tp, BaseModel) else None
+def _model_of(tp: Any) -> type[Any] | None:
+    """A settings group: a pydantic model, or a pydantic dataclass that a component uses as its own
+    settings (detectors.hang_state.HangSettings)."""
+    if isinstance(tp, type) and (issubclass(tp, BaseModel) or is_pydantic_dataclass(tp)):
+        return tp
+    return None
 
 
-def _item_model(tp: Any) -> tuple[type[BaseModel], str] | None:
+def _fields_of(model: type[Any]) -> dict[str, FieldInfo]:
+    if issubclass(model, BaseModel):
+        return dict(model.model_fields)
+    return dict(getattr(model, "__pydantic_fields__", {}))
+
+
+def _item_model(tp: Any) -> tuple[type[Any], str] | None:
     """The model of a list / map of models and the path suffix of its items ("[]" or ".<key>")."""
     tp, _ = _strip_none(tp)
     origin, args = get_origin(tp), get_args(tp)
     if origin in (list, tuple, set, frozenset) and args and _model_of(args[0]):
-        return typing.cast(type[BaseModel], args[0]), "[]"
+        return typing.cast(type[Any], args[0]), "[]"
     if origin is dict and len(args) == 2 and _model_of(args[1]):
-        return typing.cast(type[BaseModel], args[1]), ".<key>"
+        return typing.cast(type[Any], args[1]), ".<key>"
     return None
 
 
@@ -179,12 +190,13 @@ def _env_name(prefix: str | None, name: str) -> str | None:
     return None if prefix is None else f"{prefix}{name.upper()}"
 
 
-def _doc_of(model: type[BaseModel]) -> str:
+def _doc_of(model: type[Any]) -> str:
     doc = model.__doc__ or ""
     # pydantic gives models without a docstring the BaseModel docstring: not ours to show.
     if model.__doc__ == BaseModel.__doc__:
         return ""
-    return " ".join(doc.split())
+    # A component's own settings class: its first paragraph is for people; the rest for its readers.
+    return " ".join(doc.split("\n\n", 1)[0].split())
 
 
 def groups(model: type[BaseModel] = Settings, *, env_prefix: str = ENV_PREFIX) -> list[GroupDoc]:
@@ -194,10 +206,10 @@ def groups(model: type[BaseModel] = Settings, *, env_prefix: str = ENV_PREFIX) -
     return out
 
 
-def _walk(model: type[BaseModel], *, path: str, title: str, env_prefix: str | None, out: list[GroupDoc]) -> None:
+def _walk(model: type[Any], *, path: str, title: str, env_prefix: str | None, out: list[GroupDoc]) -> None:
     rows: list[FieldDoc] = []
-    nested: list[tuple[type[BaseModel], str, str, str | None]] = []
-    for name, info in model.model_fields.items():
+    nested: list[tuple[type[Any], str, str, str | None]] = []
+    for name, info in _fields_of(model).items():
         key = info.alias or name
         full = f"{path}.{key}" if path else key
         tp = info.annotation

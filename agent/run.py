@@ -27,9 +27,9 @@ import signal
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent.brain import Brain, BrainSettings
 from agent.bus.base import Bus
@@ -39,6 +39,9 @@ from agent.health import readiness
 from agent.jobindex import JobIndex
 from agent.looplag import LoopLagMonitor
 from agent.telemetry import Telemetry
+
+if TYPE_CHECKING:
+    from agent.responder import ResponderSettings
 
 log = logging.getLogger("trainmedic.run")
 
@@ -174,7 +177,7 @@ def build_agent(
             ),
             rule_dirs=d.rule_dirs,
             fast={"auto": None, "fast": True, "re": False}[d.engine],
-            hang=HangDetector(floor_s=d.hang_floor_s, factor=d.hang_factor),
+            hang=HangDetector(settings=d.hang),
             telemetry=telemetry,
             producer=producer,
             clock=clock,
@@ -197,12 +200,31 @@ def build_agent(
     return agent
 
 
+def responder_settings(settings: Settings) -> ResponderSettings:
+    """The responder's settings from the `remediate` group: every field the two share by name, the
+    ones that need a type of their own converted, the consumer group derived from the bus's."""
+    from agent.responder import ResponderSettings
+    from remediations.policy import Mode
+
+    r = settings.remediate
+    shared = {f.name for f in fields(ResponderSettings)} & set(type(r).model_fields)
+    values: dict[str, Any] = {name: getattr(r, name) for name in shared}
+    values.update(
+        group=f"{settings.bus.group}-responder",
+        scene_dir=Path(r.scene_dir),
+        body_dir=Path(r.body_dir) if r.body_dir else None,
+        mode=Mode(r.mode) if r.mode else None,
+        checkpoint_path_map=dict(r.checkpoint_path_map),
+    )
+    return ResponderSettings(**values)
+
+
 def _add_responder(agent: Agent, api_client: Any, producer: str, clock: Callable[[], float]) -> None:
     """The responder: scene, policy, actions. Off (with the reason logged) when its parts cannot start."""
-    from agent.responder import Responder, ResponderSettings
+    from agent.responder import Responder
     from agent.store import IncidentStore, StoreError
     from remediations.kube import KubeOps
-    from remediations.policy import Mode, PolicyError, load_policy
+    from remediations.policy import PolicyError, load_policy
     from remediations.policy_state import PolicyStateError, SqlitePolicyState
 
     r = agent.settings.remediate
@@ -242,19 +264,7 @@ def _add_responder(agent: Agent, api_client: Any, producer: str, clock: Callable
         store,
         policy,
         state,
-        settings=ResponderSettings(
-            group=f"{agent.settings.bus.group}-responder",
-            scene_dir=Path(r.scene_dir),
-            mode=Mode(r.mode) if r.mode else None,
-            log_lines=r.log_lines,
-            stacks=r.stacks,
-            checkpoint_path_map=dict(r.checkpoint_path_map),
-            wait_gone_s=r.wait_gone_s,
-            breaker_settle_s=r.breaker_settle_s,
-            max_concurrent=r.max_concurrent,
-            max_pending=r.max_pending,
-            node_conditions=r.node_conditions,
-        ),
+        settings=responder_settings(agent.settings),
         telemetry=agent.telemetry,
         kernel_tail=brain.kernel_tail if brain is not None else None,
         metrics_range=metrics_range,
@@ -576,7 +586,15 @@ def setup_logging(settings: Settings) -> None:
 
 
 def main(settings: Settings, role: Role) -> int:
-    """Blocking entry point of `trainmedic run`."""
+    """Blocking entry point of `trainmedic run`. A data file the role loads that cannot be used
+    (agent/configcheck.py) refuses the start, as `run --check` does, with the same lines: exit 2."""
+    from agent.configcheck import data_file_problems, refusal_lines
+
+    refused = data_file_problems(settings, role)
+    if refused:
+        for line in refusal_lines(refused):
+            print(line, file=sys.stderr)
+        return 2
     setup_logging(settings)
 
     async def _main() -> None:

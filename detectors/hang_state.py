@@ -7,6 +7,10 @@ from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Annotated
+
+from pydantic import ConfigDict, Field
+from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 from detectors.hang_schema import EPOCH_SCALE, MarkerKind
 from trainmedic.models import Chip
@@ -16,46 +20,98 @@ from trainmedic.models import Chip
 # ------------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@pydantic_dataclass(frozen=True, config=ConfigDict(extra="forbid"))
 class HangSettings:
-    """Tuning of the hang detector. All durations in seconds."""
+    """Tuning of the hang detector (`detect.hang`). All durations in seconds.
+
+    The settings group of the configuration file is this class itself (agent/config.py), so every
+    field is settable from the file and the environment without a copy of it."""
 
     # A silence must outlast max(factor x interval, floor_s) to be a hang (the interval is the
     # `interval_quantile` of the recent step gaps). With a step every 2 s: 20 s.
-    floor_s: float = 20.0
-    factor: float = 4.0
-    interval_quantile: float = 0.9
-    # Complete log silence tolerated before the first progress line, after the end-of-training
-    # marker, for jobs without any known marker, and while the interval is not learned yet.
-    startup_floor_s: float = 1800.0
-    # Progress gaps needed before the interval is trusted, and how many recent gaps the median uses.
-    min_interval_samples: int = 3
-    interval_samples: int = 64
-    # Deadline of an open checkpoint or evaluation phase, from its start:
-    # max(phase_factor x interval, phase_floor_s, learned_margin x longest observed phase).
-    phase_factor: float = 20.0
-    phase_floor_s: float = 900.0
-    learned_margin: float = 1.5
-    # Phase durations remembered per kind (the longest of them is used).
-    learned_phases: int = 8
-    # Progress reports a rank needs before it can be reported as a lone stalled rank, and the
-    # shortest lag behind the other ranks that can make it one (log shipping lags between nodes).
-    min_reports: int = 3
-    rank_floor_s: float = 60.0
-    # Slack after the last step of an epoch (the data loader restarts its workers, reshuffles, ...):
-    # max(base, epoch_floor_s, learned_margin x longest boundary pause seen).
-    epoch_floor_s: float = 180.0
-    # Frameworks whose evaluation prints only its result (Megatron, nanoGPT): until the period of
-    # those evaluations is learned, a silence that begins at a multiple of `round_steps` (evaluation
-    # intervals are round numbers) gets the phase deadline.
-    round_steps: int = 100
-    # Utilisation: the window (end of the silence) and the std-dev (percentage points) below which
-    # a device series counts as flat; at least two samples per series are needed to judge.
-    util_window_s: float = 120.0
-    flat_stddev: float = 5.0
-    util_samples: int = 512
-    # State of a job that is not (or no longer) known to run is dropped after this much silence.
-    stale_s: float = 3600.0
+    floor_s: Annotated[float, Field(gt=0, description="Shortest silence that can be a hang.")] = 20.0
+    factor: Annotated[
+        float,
+        Field(gt=0, description="A hang is silence longer than this many step intervals (their `interval_quantile`)."),
+    ] = 4.0
+    interval_quantile: Annotated[
+        float,
+        Field(
+            ge=0.5, le=1, description="Quantile of the recent step gaps taken as the job's step interval (0.5 to 1)."
+        ),
+    ] = 0.9
+    startup_floor_s: Annotated[
+        float,
+        Field(
+            gt=0,
+            description="Log silence tolerated before the first progress line, after the end-of-training marker, "
+            "for jobs without any known marker and while the interval is not learned yet.",
+        ),
+    ] = 1800.0
+    min_interval_samples: Annotated[
+        int, Field(ge=1, description="Progress gaps needed before the step interval is trusted.")
+    ] = 3
+    interval_samples: Annotated[
+        int, Field(ge=1, description="Recent progress gaps the step interval is computed from.")
+    ] = 64
+    phase_factor: Annotated[
+        float,
+        Field(
+            gt=0,
+            description="An open checkpoint or evaluation phase may last max(phase_factor x interval, "
+            "phase_floor_s, learned_margin x longest observed phase).",
+        ),
+    ] = 20.0
+    phase_floor_s: Annotated[
+        float, Field(gt=0, description="Shortest deadline of an open checkpoint or evaluation phase.")
+    ] = 900.0
+    learned_margin: Annotated[
+        float, Field(ge=1, description="Margin (>= 1) over the longest phase or epoch-boundary pause seen so far.")
+    ] = 1.5
+    learned_phases: Annotated[
+        int, Field(ge=1, description="Phase durations remembered per kind (the longest is used).")
+    ] = 8
+    min_reports: Annotated[
+        int, Field(ge=1, description="Progress reports a rank needs before it can be reported as a lone stalled rank.")
+    ] = 3
+    rank_floor_s: Annotated[
+        float,
+        Field(
+            gt=0,
+            description="Shortest lag behind the other ranks that makes a lone stalled rank (log shipping lags "
+            "between nodes).",
+        ),
+    ] = 60.0
+    epoch_floor_s: Annotated[
+        float,
+        Field(
+            gt=0,
+            description="Slack after the last step of an epoch (data loader restart, reshuffle): "
+            "max(base, epoch_floor_s, learned_margin x longest boundary pause seen).",
+        ),
+    ] = 180.0
+    round_steps: Annotated[
+        int,
+        Field(
+            ge=1,
+            description="Frameworks that print only an evaluation's result: until its period is learned, a silence "
+            "beginning at a multiple of this step gets the phase deadline.",
+        ),
+    ] = 100
+    util_window_s: Annotated[
+        float, Field(gt=0, description="Window at the end of a silence in which device utilisation is judged.")
+    ] = 120.0
+    flat_stddev: Annotated[
+        float,
+        Field(ge=0, description="Std-dev (percentage points) below which a device utilisation series counts as flat."),
+    ] = 5.0
+    util_samples: Annotated[int, Field(ge=1, description="Utilisation samples kept per device series.")] = 512
+    stale_s: Annotated[
+        float,
+        Field(
+            gt=0, description="State of a job that is not (or no longer) known to run is dropped after this silence."
+        ),
+    ] = 3600.0
 
     def __post_init__(self) -> None:
         for name in (

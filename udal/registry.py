@@ -24,8 +24,12 @@ BUILTIN_PLUGINS: dict[str, str] = {
     "ascend": "udal.ascend:AscendPlugin",
     "cambricon": "udal.cambricon:CambriconPlugin",
     "generic": "udal.generic:GenericPlugin",
-    "fake": "udal.fake:FakePlugin",
 }
+
+# Plugins added at run time beside the discovered ones, name -> "module:Class". The test suite
+# registers the `fake` test double (udal/fake.py) here: it is not an entry point, so no installed
+# agent ever treats a node labelled `trainmedic.io/fake-accelerator` as a chip.
+_REGISTERED: dict[str, str] = {}
 
 
 class PluginError(RuntimeError):
@@ -71,13 +75,23 @@ def discover(eps: list[EntryPoint] | None = None) -> dict[Chip | str, ChipPlugin
     return plugins
 
 
+def register(name: str, target: str) -> None:
+    """Add a plugin ("module:Class") beside the discovered ones, e.g. a test double; clears the cache."""
+    _REGISTERED[name] = target
+    clear_cache()
+
+
 @functools.cache
 def _cached() -> dict[Chip | str, ChipPlugin]:
-    return discover()
+    plugins = discover()
+    for name, target in _REGISTERED.items():
+        plugins[_key(name)] = _instantiate(name, _load_target(target))
+    return plugins
 
 
 def load_plugins() -> dict[Chip | str, ChipPlugin]:
-    """All chip plugins keyed by Chip (or by name for non-chip plugins such as "fake"); cached."""
+    """All chip plugins keyed by Chip (or by name for registered non-chip plugins such as the tests'
+    "fake"); cached."""
     return dict(_cached())
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import tomllib
 from importlib.metadata import EntryPoint, entry_points
+from pathlib import Path
 
 import pytest
 
@@ -28,6 +30,28 @@ from udal.generic import GenericPlugin
 from udal.nvidia import NvidiaPlugin
 
 REAL = [NvidiaPlugin(), AscendPlugin(), CambriconPlugin()]
+# The test double, registered by tests/conftest.py rather than shipped as an entry point.
+FAKE = ("fake", "udal.fake:FakePlugin")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize(
+    "table",
+    [
+        BUILTIN_PLUGINS,
+        tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["entry-points"][
+            "trainmedic.chips"
+        ],
+    ],
+    ids=["builtin", "pyproject"],
+)
+def test_the_fake_chip_is_not_shipped(table: dict[str, str]) -> None:
+    assert FAKE[0] not in table and FAKE[1] not in table.values()
+    assert table == BUILTIN_PLUGINS
+
+
+def test_the_suite_registers_the_fake_chip() -> None:
+    assert isinstance(get_plugin(FAKE[0]), FakePlugin)
 
 
 def test_load_plugins_has_every_builtin() -> None:
@@ -44,7 +68,8 @@ def test_fallback_without_distribution_metadata() -> None:
 
 
 def test_discover_from_entry_points() -> None:
-    eps = [EntryPoint(name=name, value=target, group=ENTRY_POINT_GROUP) for name, target in BUILTIN_PLUGINS.items()]
+    table = BUILTIN_PLUGINS | {FAKE[0]: FAKE[1]}
+    eps = [EntryPoint(name=name, value=target, group=ENTRY_POINT_GROUP) for name, target in table.items()]
     plugins = discover(eps=eps)
     assert isinstance(plugins[Chip.ASCEND], AscendPlugin)
     assert isinstance(plugins["fake"], FakePlugin)
@@ -214,7 +239,8 @@ def test_load_plugins_falls_back_when_metadata_is_missing(monkeypatch: pytest.Mo
     registry.clear_cache()
     try:
         plugins = load_plugins()
-        assert {p.name for p in plugins.values()} == set(BUILTIN_PLUGINS)
+        # The built-ins, and the test double the suite registers (tests/conftest.py).
+        assert {p.name for p in plugins.values()} == set(BUILTIN_PLUGINS) | {FAKE[0]}
     finally:
         monkeypatch.undo()
         registry.clear_cache()
