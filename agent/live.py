@@ -269,6 +269,8 @@ class Reader:
         self.tail_lines = tail_lines
         self.log_bytes = log_bytes
         self.sem = asyncio.Semaphore(concurrency)
+        # What could not be read and was left out (a kind the user may not list), for the output.
+        self.skipped: list[str] = []
 
     async def _gather(self, aws: Iterable[Awaitable[T]]) -> list[T]:
         return list(await asyncio.gather(*(_bounded(self.sem, a) for a in aws)))
@@ -389,6 +391,9 @@ class Reader:
                 items = await self.ops.list_workloads(res, namespace)
             except KubeNotFound:
                 return []
+            except KubeForbidden as exc:
+                self.skipped.append(f"{res.kind}.{res.group} ({exc.need}, {exc.scope})")
+                return []
             for obj in items:
                 # Lists leave kind and apiVersion out of their items.
                 obj.setdefault("apiVersion", res.api_version)
@@ -475,7 +480,7 @@ async def scan(reader: Reader, namespace: str | None, engine: Engine, lang: str)
     """`trainmedic scan`: the unhealthy workloads (each diagnosed as `diagnose --job` would) and nodes."""
     workloads = [w for w in await reader.workloads(namespace) if unhealthy_workload(w) is not None]
     nodes: list[JSON] = []
-    skipped: list[str] = []
+    skipped = reader.skipped
     try:
         nodes = await reader.ops.list_nodes()
     except KubeForbidden as exc:
