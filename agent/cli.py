@@ -417,13 +417,15 @@ def _diagnose_job(args: argparse.Namespace, engine: Engine) -> Diagnosis:
         reader.tail_lines = max(1, args.tail)
         scene = await reader.job(namespace, name)
         logs = sum(1 for t in scene.logs.values() if t)
-        print(
-            f"trainmedic: {scene.kind} {namespace}/{name}: {len(scene.pods)} pods, {logs} container logs, "
-            f"{len(scene.events)} events, {len(scene.nodes)} nodes read",
-            file=sys.stderr,
-        )
+        counts = (len(scene.pods), logs, len(scene.events), len(scene.nodes))
+        if args.lang == "zh":
+            read = "已读取 {} 个 Pod、{} 份容器日志、{} 条事件、{} 个节点".format(*counts)
+        else:
+            read = "read {} pods, {} container logs, {} events, {} nodes".format(*counts)
+        print(f"trainmedic: {scene.kind} {namespace}/{name}: {read}", file=sys.stderr)
         for what in scene.skipped:
-            print(f"trainmedic: skipped (forbidden / 无权限): {what}", file=sys.stderr)
+            skipped = "已跳过（无权限）" if args.lang == "zh" else "skipped (forbidden)"
+            print(f"trainmedic: {skipped}: {what}", file=sys.stderr)
         return scene.diagnose(engine)
 
     result: Diagnosis = asyncio.run(with_ops(args.kubeconfig, args.context, args.timeout, body))

@@ -427,7 +427,7 @@ def unhealthy_workload(obj: Mapping[str, Any]) -> str | None:
     return None
 
 
-def node_problems(obj: Mapping[str, Any]) -> list[str]:
+def node_problems(obj: Mapping[str, Any], lang: str = "en") -> list[str]:
     """What is wrong with a node: Ready not True, an unreachable / not-ready taint, trainmedic's
     quarantine (with its reason), a pressure condition, any other condition (an accelerator's, a
     node-problem-detector's) that is True."""
@@ -436,14 +436,16 @@ def node_problems(obj: Mapping[str, Any]) -> list[str]:
     ready = n.conditions.get("Ready")
     if ready is not None and ready != "True":
         reason = n.reasons.get("Ready")
-        out.append(f"NotReady (Ready={ready}{f', {reason}' if reason else ''})")
+        word = "未就绪" if lang == "zh" else "NotReady"
+        out.append(f"{word} (Ready={ready}{f', {reason}' if reason else ''})")
     for t in n.taints:
         key = t.split("=", 1)[0].split(":", 1)[0]
         if key in _UNREACHABLE:
-            out.append(f"taint {t}")
+            out.append(f"{'污点' if lang == 'zh' else 'taint'} {t}")
         elif key == TAINT_KEY:
             why = ((obj.get("metadata") or {}).get("annotations") or {}).get(ANN_QUARANTINE_REASON)
-            out.append(f"quarantined by trainmedic{f': {why}' if why else ''}")
+            word = "已被 trainmedic 隔离" if lang == "zh" else "quarantined by trainmedic"
+            out.append(f"{word}{f': {why}' if why else ''}")
     for c in (obj.get("status") or {}).get("conditions") or ():
         if not isinstance(c, Mapping):
             continue
@@ -461,19 +463,11 @@ def node_problems(obj: Mapping[str, Any]) -> list[str]:
 
 
 def one_line(diagnosis: Diagnosis, lang: str) -> str:
-    """A diagnosis in one line: the root cause's summary and where, or that nothing was found."""
+    """A diagnosis in one line: the fault class and the root cause's summary (which names the place)."""
     rc = diagnosis.root_cause
     if rc is None:
         return "未发现已知故障" if lang == "zh" else "no known fault found"
-    where = ", ".join(
-        x
-        for x in (
-            f"node {rc.node}" if rc.node else "",
-            f"rank {rc.rank}" if rc.rank is not None else "",
-        )
-        if x
-    )
-    return f"{rc.fault_class.value}: {rc.summary.get(lang)}" + (f" [{where}]" if where else "")
+    return f"{rc.fault_class.value}: {rc.summary.get(lang)}"
 
 
 async def scan(reader: Reader, namespace: str | None, engine: Engine, lang: str) -> JSON:
@@ -517,7 +511,7 @@ async def scan(reader: Reader, namespace: str | None, engine: Engine, lang: str)
     entries = await asyncio.gather(*(_bounded(job_sem, diagnose_one(w)) for w in workloads))
     bad_nodes = []
     for obj in nodes:
-        problems = node_problems(obj)
+        problems = node_problems(obj, lang)
         if problems:
             name = str((obj.get("metadata") or {}).get("name"))
             bad_nodes.append({"node": name, "problems": problems, "summary": "; ".join(problems)})

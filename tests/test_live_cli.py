@@ -131,7 +131,7 @@ async def test_diagnose_job(
     await scenario(env.cluster)
     rc, out, err = await cli(env, capsys, "diagnose", "--job", job, "--format", fmt, "--lang", "en")
     assert rc == 0, err
-    assert "pods" in err and "container logs" in err
+    assert f"{job.rpartition('/')[2]}: read " in err and " pods, " in err and " container logs, " in err
     if fmt == "json":
         data = json.loads(out)
         assert set(data) == {"root_cause", "findings"}
@@ -254,13 +254,18 @@ async def test_scan_json(env: Env, capsys: pytest.CaptureFixture[str], where: tu
 
 
 @pytest.mark.parametrize(
-    ("lang", "heading", "none"),
-    [("en", "Training workloads (train):", "none failed or restarting"), ("zh", "训练作业 (train):", "无失败")],
+    ("lang", "heading", "none", "not_ready"),
+    [
+        ("en", "Training workloads (train):", "none failed or restarting", "NotReady (Ready=False"),
+        ("zh", "训练作业 (train):", "无失败或重启中的作业", "未就绪 (Ready=False"),
+    ],
 )
 @pytest.mark.asyncio
-async def test_scan_text(env: Env, capsys: pytest.CaptureFixture[str], lang: str, heading: str, none: str) -> None:
+async def test_scan_text(
+    env: Env, capsys: pytest.CaptureFixture[str], lang: str, heading: str, none: str, not_ready: str
+) -> None:
     await sick_nodes(env.cluster)
     rc, out, err = await cli(env, capsys, "scan", "--lang", lang)
     assert rc == 0, err
     assert out.startswith(heading) and none in out
-    assert "gpu-9" in out and "cpu-1" not in out
+    assert f"gpu-9  {not_ready}" in out and "cpu-1" not in out
