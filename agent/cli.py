@@ -266,8 +266,9 @@ def _diagnose(args: argparse.Namespace) -> int:
 
     fast = {"auto": None, "fast": True, "re": False}[args.engine]
     try:
-        if args.scene is not None:
-            # A scene's logs were captured by the container runtime: never hard-wrapped (as the brain scans).
+        if args.scene is not None or args.job is not None:
+            # A scene's or a live pod's logs were captured by the container runtime: never hard-wrapped
+            # (as the brain scans).
             engine = make_engine(args.rules, fast=fast, unwrap=False)
         else:
             engine = make_engine(args.rules, fast=fast)
