@@ -20,6 +20,7 @@ timeout, at most `concurrency` run at once, and the whole command a deadline.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 from collections.abc import Awaitable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -31,6 +32,7 @@ from agent.watchers.k8s import (
 )
 from agent.watchers.k8s import (
     RESOURCES,
+    DaemonThreadExecutor,
     k8s_event,
     k8s_event_line,
     node_status,
@@ -522,6 +524,22 @@ async def scan(reader: Reader, namespace: str | None, engine: Engine, lang: str)
     }
 
 
+class _DaemonCalls(concurrent.futures.ThreadPoolExecutor):
+    """The loop's default executor (asyncio accepts only a ThreadPoolExecutor) running each call in a
+    daemon thread of its own (agent.watchers.k8s.DaemonThreadExecutor), which neither the loop's
+    shutdown nor the interpreter's exit waits for."""
+
+    def __init__(self) -> None:
+        super().__init__(max_workers=1)
+        self._calls = DaemonThreadExecutor("trainmedic-live")
+
+    def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any]:
+        return self._calls.submit(fn, *args, **kwargs)
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        super().shutdown(wait=False, cancel_futures=cancel_futures)
+
+
 async def with_ops(
     kubeconfig: str | None,
     context: str | None,
@@ -529,6 +547,9 @@ async def with_ops(
     body: Any,
 ) -> Any:
     """Run `body(reader)` with a fresh client; typed errors become LiveError; the whole within `timeout_s`."""
+    # Calls run in daemon threads: at the deadline the command ends at once, without waiting for a
+    # request the server is still sitting on (asyncio.run would join the default executor's threads).
+    asyncio.get_running_loop().set_default_executor(_DaemonCalls())
     api = api_client(kubeconfig, context)
     ops = KubeOps(api, attempts=2, base_delay=0.2, max_delay=1.0, request_timeout=(5.0, 20.0))
     try:

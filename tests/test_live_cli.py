@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -269,3 +270,54 @@ async def test_scan_text(
     assert rc == 0, err
     assert out.startswith(heading) and none in out
     assert f"gpu-9  {not_ready}" in out and "cpu-1" not in out
+
+
+def forbid(kube: KubeEmulator, action: Any, resource: str) -> None:
+    body = b'{"kind":"Status","apiVersion":"v1","status":"Failure","code":403,"reason":"Forbidden","message":"no"}'
+    view = kube.handler[action, kmock.resource(resource)]
+    view[len(list(view)) :] << 403 << body
+
+
+@pytest.mark.parametrize(
+    ("action", "resource", "skipped"),
+    [
+        ("FETCH", "v1/nodes", "skipped (forbidden): nodes (nodes: get)"),
+        ("LIST", "v1/events", None),
+    ],
+)
+@pytest.mark.asyncio
+async def test_node_reads_are_optional(
+    env: Env, capsys: pytest.CaptureFixture[str], action: str, resource: str, skipped: str | None
+) -> None:
+    """A user who may not read nodes still gets the diagnosis (what was left out is said); events of
+    the job's own namespace are required."""
+    await oom_pytorchjob(env.cluster)
+    forbid(env.kube, getattr(kmock.action, action), resource)
+    rc, out, err = await cli(env, capsys, "diagnose", "--job", "train/llama", "--format", "json", "--lang", "en")
+    if skipped is None:
+        assert rc == 2 and "lacks the RBAC permission events: list (namespace train)" in err, err
+        return
+    assert rc == 0, err
+    assert skipped in err
+    assert json.loads(out)["root_cause"]["fault_class"] == "accelerator_oom"
+
+
+@pytest.mark.parametrize("command", [("diagnose", "--job", "train/llama"), ("scan",)])
+@pytest.mark.asyncio
+async def test_a_slow_api_does_not_hang_the_command(
+    env: Env, capsys: pytest.CaptureFixture[str], command: tuple[str, ...]
+) -> None:
+    """The API holds every pod list for 6 s; with --timeout 1 the command gives up after about 1 s."""
+    await oom_pytorchjob(env.cluster)
+
+    async def stall() -> dict[str, Any]:
+        await asyncio.sleep(6)
+        return {"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": []}
+
+    view = env.kube.handler[kmock.action.LIST, kmock.resource("v1/pods")]
+    view[len(list(view)) :] << (lambda _request: stall())
+    started = time.monotonic()
+    rc, out, err = await cli(env, capsys, *command, "--timeout", "1", "--lang", "zh")
+    assert time.monotonic() - started < 4.5
+    assert rc == 2 and out == ""
+    assert "Kubernetes API 在 1 秒内未响应" in err
