@@ -277,9 +277,9 @@ class Reader:
     async def _gather(self, aws: Iterable[Awaitable[T]]) -> list[T]:
         return list(await asyncio.gather(*(_bounded(self.sem, a) for a in aws)))
 
-    async def find_workload(self, namespace: str, name: str) -> JSON | None:
-        """The workload of that name, trying each kind (a CRD that is not installed is skipped; a kind
-        the user may not read is skipped too unless no other kind has it)."""
+    async def find_workload(self, namespace: str, name: str) -> tuple[JSON | None, KubeForbidden | None]:
+        """The workload of that name, trying each kind (a CRD that is not installed is skipped; so is a
+        kind the user may not read, returned as the second item when no kind has the name)."""
         denied: KubeForbidden | None = None
 
         async def one(res: Any) -> JSON | None:
@@ -293,13 +293,11 @@ class Reader:
         found = await self._gather(one(res) for res in READ_WORKLOADS)
         for obj in found:
             if obj is not None:
-                return obj
-        if denied is not None:
-            raise denied
-        return None
+                return obj, None
+        return None, denied
 
     async def job(self, namespace: str, name: str) -> JobScene:
-        obj = await self.find_workload(namespace, name)
+        obj, denied = await self.find_workload(namespace, name)
         if obj is not None:
             pods = await self.ops.list_job_pods(namespace, pod_selector(obj))
             kind = str(obj.get("kind") or "Job")
@@ -313,6 +311,9 @@ class Reader:
                     for o in (p.get("metadata") or {}).get("ownerReferences") or ()
                 )
             ]
+            if not pods and denied is not None:
+                # It may be a workload of the kind the user may not read.
+                raise denied
             if not pods:
                 raise LiveError(
                     I18nText(

@@ -321,3 +321,40 @@ async def test_a_slow_api_does_not_hang_the_command(
     assert time.monotonic() - started < 4.5
     assert rc == 2 and out == ""
     assert "Kubernetes API 在 1 秒内未响应" in err
+
+
+async def ray_pods(c: Cluster) -> None:
+    """Pods of an owner kind trainmedic has no adapter for (a RayJob): the worker died of a CUDA OOM."""
+    await c.add_node("gpu-5", gpus=8)
+    owner = {"apiVersion": "ray.io/v1", "kind": "RayJob", "metadata": {"name": "ray", "uid": "0b1c"}}
+    pod = await c.create_pod("train", "ray-worker-0", owner=owner, env={"RANK": "3"})
+    await c.bind(pod, "gpu-5")
+    await c.start(pod)
+    c.write_log(pod, "trainer", CUDA_OOM)
+
+
+@pytest.mark.parametrize(
+    ("job", "forbidden", "rc", "expected"),
+    [
+        pytest.param("ray", False, 0, "accelerator_oom", id="pod-owner"),
+        pytest.param("ray-worker-0", False, 0, "accelerator_oom", id="bare-pod"),
+        pytest.param("ray", True, 0, "accelerator_oom", id="pod-owner-pytorchjobs-forbidden"),
+        pytest.param("nope", True, 2, "pytorchjobs: get", id="not-found-pytorchjobs-forbidden"),
+    ],
+)
+@pytest.mark.asyncio
+async def test_pods_of_any_owner(
+    env: Env, capsys: pytest.CaptureFixture[str], job: str, forbidden: bool, rc: int, expected: str
+) -> None:
+    """Pods are found by their owner's (or their own) name; a kind the user may not read does not stop
+    that, and names the permission when nothing else has the name."""
+    await ray_pods(env.cluster)
+    if forbidden:
+        forbid(env.kube, kmock.action.FETCH, "kubeflow.org/v1/pytorchjobs")
+    code, out, err = await cli(env, capsys, "diagnose", "--job", f"train/{job}", "--format", "json", "--lang", "en")
+    assert code == rc, err
+    if rc:
+        assert expected in err and out == ""
+        return
+    root = json.loads(out)["root_cause"]
+    assert (root["fault_class"], root["node"], root["rank"]) == (expected, "gpu-5", 3)
