@@ -1,6 +1,8 @@
 """`trainmedic` command line.
 
-    trainmedic diagnose (--logs PATH [PATH ...] | --scene DIR) [--format text|json|markdown] [--lang en|zh]
+    trainmedic diagnose (--logs PATH [PATH ...] | --scene DIR | --job [NS/]NAME) [--format text|json|markdown]
+                        [--lang en|zh]
+    trainmedic scan [-n NS | -A] [--format text|json] [--lang en|zh]
     trainmedic rules lint|test|list [--rules DIR ...]
     trainmedic run [--config FILE] [--role node|cluster|brain|all] [--check]
     trainmedic incidents [ID] [--status S] [--format text|json] [--utc] [--store FILE]
@@ -19,6 +21,7 @@ Exit codes: 0 done (whether or not a fault was found); 1 rule problems (`rules l
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -67,6 +70,19 @@ def build_parser() -> argparse.ArgumentParser:
             help="extra rule directory or file (repeatable), on top of the shipped rules",
         )
 
+    def live_options(p: argparse.ArgumentParser, ns_group: Any = None) -> None:
+        (ns_group or p).add_argument(
+            "-n", "--namespace", default=None, help="namespace (default: the kubeconfig context's, else default)"
+        )
+        p.add_argument("--kubeconfig", default=None, metavar="FILE", help="default: KUBECONFIG, ~/.kube/config")
+        p.add_argument("--context", default=None, help="kubeconfig context (default: the current one)")
+        p.add_argument(
+            "--timeout", type=float, default=120.0, metavar="S", help="give up after S seconds (default 120)"
+        )
+        p.add_argument(
+            "--tail", type=int, default=2000, metavar="LINES", help="last lines of each container log (default 2000)"
+        )
+
     d = sub.add_parser("diagnose", help="classify the logs of a failed job")
     inputs = d.add_mutually_exclusive_group(required=True)
     inputs.add_argument(
@@ -82,6 +98,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="a scene bundle the agent saved: its container logs (with their pod, rank and node), "
         "kernel lines and events, diagnosed again",
     )
+    inputs.add_argument(
+        "--job",
+        metavar="[NAMESPACE/]NAME",
+        help="a job on the current kubeconfig's cluster (PyTorchJob, MPIJob, Volcano Job, Job, or any pod "
+        "owner): its pods' current and previous logs, events and nodes, read only",
+    )
     d.add_argument("--format", choices=("text", "json", "markdown"), default="text")
     d.add_argument(
         "--lang",
@@ -96,6 +118,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="matcher: hyperscan fast path, pure re, or auto (fast when installed)",
     )
     rules_option(d)
+    live_options(d)
+
+    sc = sub.add_parser("scan", help="list failed or restarting training jobs and unhealthy nodes (read only)")
+    where = sc.add_mutually_exclusive_group()
+    where.add_argument("-A", "--all-namespaces", action="store_true", help="every namespace")
+    sc.add_argument("--format", choices=("text", "json"), default="text")
+    sc.add_argument("--lang", choices=("en", "zh"), default=_default_lang(), help="default from TRAINMEDIC_LANG / LANG")
+    live_options(sc, where)
+    rules_option(sc)
 
     r = sub.add_parser("rules", help="check and list detection rules")
     rsub = r.add_subparsers(dest="rules_command", required=True, parser_class=_Parser)
@@ -196,6 +227,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "diagnose":
             return _diagnose(args)
+        if args.command == "scan":
+            return _scan(args)
         if args.command == "rules":
             return _rules(args)
         if args.command == "run":
@@ -233,8 +266,9 @@ def _diagnose(args: argparse.Namespace) -> int:
 
     fast = {"auto": None, "fast": True, "re": False}[args.engine]
     try:
-        if args.scene is not None:
-            # A scene's logs were captured by the container runtime: never hard-wrapped (as the brain scans).
+        if args.scene is not None or args.job is not None:
+            # A scene's or a live pod's logs were captured by the container runtime: never hard-wrapped
+            # (as the brain scans).
             engine = make_engine(args.rules, fast=fast, unwrap=False)
         else:
             engine = make_engine(args.rules, fast=fast)
@@ -245,6 +279,15 @@ def _diagnose(args: argparse.Namespace) -> int:
     except RuntimeError as exc:
         print(f"trainmedic: {exc}", file=sys.stderr)
         return EXIT_UNUSABLE
+    if args.job is not None:
+        from agent.live import LiveError
+
+        try:
+            diagnosis = _diagnose_job(args, engine)
+        except LiveError as exc:
+            print(f"trainmedic: {exc.text.get(args.lang)}", file=sys.stderr)
+            return EXIT_UNUSABLE
+        return _print_diagnosis(diagnosis, args)
     unusable: tuple[type[Exception], ...] = (InputError,)
     if args.scene is not None:
         from remediations.scene import SceneError
@@ -255,6 +298,10 @@ def _diagnose(args: argparse.Namespace) -> int:
     except unusable as exc:
         print(f"trainmedic: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}", file=sys.stderr)
         return EXIT_UNUSABLE
+    return _print_diagnosis(diagnosis, args)
+
+
+def _print_diagnosis(diagnosis: Diagnosis, args: argparse.Namespace) -> int:
     if args.format == "json":
         json.dump(diagnosis.contract_dict(args.lang), sys.stdout, ensure_ascii=False)
         sys.stdout.write("\n")
@@ -339,6 +386,99 @@ def _diagnose_scene(scene_dir: Path, engine: Engine) -> Diagnosis:
             )
         )
     return diagnose_inputs(inputs, engine)
+
+
+def _live_namespace(args: argparse.Namespace) -> str | None:
+    """-n, else the kubeconfig context's namespace, else None (the caller's default)."""
+    if args.namespace:
+        return str(args.namespace)
+    with contextlib.suppress(Exception):
+        from kubernetes import config as kube_config
+
+        loader: Any = kube_config
+        _, current = loader.list_kube_config_contexts(config_file=args.kubeconfig)
+        if args.context:
+            contexts, _ = loader.list_kube_config_contexts(config_file=args.kubeconfig)
+            current = next((c for c in contexts if c.get("name") == args.context), current)
+        ns = (current or {}).get("context", {}).get("namespace")
+        if isinstance(ns, str) and ns:
+            return ns
+    return None
+
+
+def _diagnose_job(args: argparse.Namespace, engine: Engine) -> Diagnosis:
+    """`diagnose --job`: read the job from the cluster (read only), classify as `--scene` does."""
+    import asyncio
+
+    from agent.live import Reader, parse_job, with_ops
+
+    namespace, name = parse_job(args.job, _live_namespace(args))
+
+    async def body(reader: Reader) -> Diagnosis:
+        reader.tail_lines = max(1, args.tail)
+        scene = await reader.job(namespace, name)
+        logs = sum(1 for t in scene.logs.values() if t)
+        counts = (len(scene.pods), logs, len(scene.events), len(scene.nodes))
+        if args.lang == "zh":
+            read = "已读取 {} 个 Pod、{} 份容器日志、{} 条事件、{} 个节点".format(*counts)
+        else:
+            read = "read {} pods, {} container logs, {} events, {} nodes".format(*counts)
+        print(f"trainmedic: {scene.kind} {namespace}/{name}: {read}", file=sys.stderr)
+        for what in scene.skipped:
+            skipped = "已跳过（无权限）" if args.lang == "zh" else "skipped (forbidden)"
+            print(f"trainmedic: {skipped}: {what}", file=sys.stderr)
+        return scene.diagnose(engine)
+
+    result: Diagnosis = asyncio.run(with_ops(args.kubeconfig, args.context, args.timeout, body))
+    return result
+
+
+def _scan(args: argparse.Namespace) -> int:
+    """`trainmedic scan`: unhealthy training workloads and nodes on the current kubeconfig's cluster."""
+    import asyncio
+
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    from agent.live import LiveError, Reader, scan, with_ops
+    from detectors.diagnose import make_engine
+
+    try:
+        engine = make_engine(args.rules, unwrap=False)
+    except RuleLoadError as exc:
+        _print_rule_problems(exc)
+        print(f"trainmedic: rules cannot be loaded: {exc}", file=sys.stderr)
+        return EXIT_UNUSABLE
+    namespace = None if args.all_namespaces else (_live_namespace(args) or "default")
+
+    async def body(reader: Reader) -> dict[str, Any]:
+        reader.tail_lines = max(1, args.tail)
+        return await scan(reader, namespace, engine, args.lang)
+
+    try:
+        result: dict[str, Any] = asyncio.run(with_ops(args.kubeconfig, args.context, args.timeout, body))
+    except LiveError as exc:
+        print(f"trainmedic: {exc.text.get(args.lang)}", file=sys.stderr)
+        return EXIT_UNUSABLE
+    if args.format == "json":
+        json.dump({"namespace": namespace, **result}, sys.stdout, ensure_ascii=False)
+        sys.stdout.write("\n")
+        return EXIT_OK
+    zh = args.lang == "zh"
+    where = ("所有命名空间" if zh else "all namespaces") if namespace is None else namespace
+    out = [f"{'训练作业' if zh else 'Training workloads'} ({where}):"]
+    if not result["workloads"]:
+        out.append("  " + ("无失败或重启中的作业" if zh else "none failed or restarting"))
+    for w in result["workloads"]:
+        out.append(f"  {w['kind']} {w['namespace']}/{w['name']}  {w['state']}")
+        out.append(f"      {w['summary']}")
+    out.append(f"{'节点' if zh else 'Nodes'}:")
+    if not result["nodes"]:
+        out.append("  " + ("无异常节点" if zh else "no node with problems"))
+    for n in result["nodes"]:
+        out.append(f"  {n['node']}  {n['summary']}")
+    for s in result["skipped"]:
+        out.append(f"{'已跳过（无权限）' if zh else 'skipped (forbidden)'}: {s}")
+    _out(terminal_safe("\n".join(out) + "\n"))
+    return EXIT_OK
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -147,7 +147,11 @@ class PermanentKubeError(KubeError, PermanentError):
 
 
 class KubeForbidden(PermanentKubeError):
-    """403: the agent's service account lacks an RBAC rule; the message names it."""
+    """403: the agent's service account lacks an RBAC rule; the message names it, `need` holds the
+    rule alone ("pods/log: get") and `scope` where it is missing ("namespace train", "cluster scope")."""
+
+    need: str | None = None
+    scope: str | None = None
 
 
 class KubeNotFound(PermanentKubeError):
@@ -213,6 +217,9 @@ JOBS = _Res("batch/v1", "Job", "jobs", namespaced=True)
 VOLCANO_JOBS = _Res("batch.volcano.sh/v1alpha1", "Job", "jobs", namespaced=True)
 PYTORCH_JOBS = _Res("kubeflow.org/v1", "PyTorchJob", "pytorchjobs", namespaced=True)
 WORKLOADS: dict[tuple[str, str], _Res] = {(r.api_version, r.kind): r for r in (JOBS, VOLCANO_JOBS, PYTORCH_JOBS)}
+# Read only (`trainmedic diagnose --job`, `trainmedic scan`): the kinds looked at, restarted or not.
+MPI_JOBS = _Res("kubeflow.org/v2beta1", "MPIJob", "mpijobs", namespaced=True)
+READ_WORKLOADS: tuple[_Res, ...] = (PYTORCH_JOBS, MPI_JOBS, VOLCANO_JOBS, JOBS)
 
 
 class KindLike(Protocol):
@@ -276,7 +283,9 @@ class _What:
             en=f"Grant {role} the rule {need} (deploy/training-namespace for a training namespace), then retry.",
             zh=f"请为{role_zh}添加权限规则 {need}（训练命名空间见 deploy/training-namespace），然后重试。",
         )
-        return KubeForbidden(message, status=403, hint=hint)
+        err = KubeForbidden(message, status=403, hint=hint)
+        err.need, err.scope = need, self.scope
+        return err
 
 
 # ------------------------------------------------------------------------------------------------
@@ -618,6 +627,38 @@ class KubeOps:
         return await self._get(
             what, self.custom.get_namespaced_custom_object, res.group, res.version, namespace, res.plural, name
         )
+
+    async def read_workload(self, res: _Res, namespace: str, name: str) -> JSON | None:
+        """A workload of any kind in READ_WORKLOADS (MPIJob too), or None when absent or its CRD is not
+        installed."""
+        _check_names(namespace=namespace, name=name)
+        what = _What("get", res, namespace, name)
+        if res is JOBS:
+            return await self._get(what, self.batch.read_namespaced_job, name, namespace)
+        return await self._get(
+            what, self.custom.get_namespaced_custom_object, res.group, res.version, namespace, res.plural, name
+        )
+
+    async def list_workloads(self, res: _Res, namespace: str | None) -> list[JSON]:
+        """Every workload of a kind in a namespace (None: all namespaces). KubeNotFound: the CRD is not
+        installed."""
+        if namespace:
+            _check_names(namespace=namespace)
+        what = _What("list", res, namespace)
+        if res is JOBS:
+            if namespace:
+                return await self._list(what, self.batch.list_namespaced_job, namespace)
+            return await self._list(what, self.batch.list_job_for_all_namespaces)
+        if namespace:
+            return await self._list(
+                what, self.custom.list_namespaced_custom_object, res.group, res.version, namespace, res.plural
+            )
+        return await self._list(what, self.custom.list_cluster_custom_object, res.group, res.version, res.plural)
+
+    async def list_pods(self, namespace: str) -> list[JSON]:
+        """Every pod of a namespace."""
+        _check_names(namespace=namespace)
+        return await self._list(_What("list", PODS, namespace), self.core.list_namespaced_pod, namespace)
 
     async def delete_workload(self, obj: Mapping[str, Any], *, propagation: str = "Background") -> bool:
         """Delete the workload `obj` is, and only that incarnation of it.

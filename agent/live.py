@@ -1,0 +1,573 @@
+"""Read-only diagnosis of the live cluster on the current kubeconfig: `trainmedic diagnose --job` and
+`trainmedic scan`.
+
+`diagnose --job [NAMESPACE/]NAME` finds the workload (PyTorchJob, MPIJob, Volcano Job, batch/v1 Job,
+or any other owner of pods: the pods whose ownerReferences name it, or the pod of that name), reads
+its pods' container logs (the current and the previous instance, a bounded tail of each), the events
+of the workload, of its pods and of their nodes, the nodes' status, and classifies them with the same
+engine and attribution as `diagnose --scene`: a log's findings take its pod, namespace, node
+(pod.spec.nodeName) and rank (RANK env, the replica or completion index).
+
+`scan [-n NS | -A]` lists the training workloads that failed or are restarting, each with the
+diagnosis `diagnose --job` gives it, and the nodes with problems (NotReady or unreachable,
+trainmedic's quarantine taint, an accelerator or node-problem-detector condition), each with a
+one-line reason.
+
+Only GET and LIST requests are made (nothing is written); every request has a (connect, read)
+timeout, at most `concurrency` run at once, and the whole command a deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+from collections.abc import Awaitable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from agent.jobindex import rank_of
+from agent.watchers.k8s import (
+    PYTORCH_JOBS as PYTORCH_SPEC,
+)
+from agent.watchers.k8s import (
+    RESOURCES,
+    DaemonThreadExecutor,
+    k8s_event,
+    k8s_event_line,
+    node_status,
+    node_status_lines,
+    pod_digest,
+    pod_status_lines,
+    workload_status,
+    workload_status_lines,
+)
+from detectors.diagnose import LogInput, diagnose_inputs
+from detectors.engine import Engine
+from remediations.kube import (
+    ANN_QUARANTINE_REASON,
+    JOBS,
+    MPI_JOBS,
+    PYTORCH_JOBS,
+    READ_WORKLOADS,
+    TAINT_KEY,
+    VOLCANO_JOBS,
+    KubeError,
+    KubeForbidden,
+    KubeNotFound,
+    KubeOps,
+)
+from remediations.workloads import job_pod_selector
+from trainmedic.errors import TrainmedicError
+from trainmedic.events import WorkloadStatus
+from trainmedic.models import Diagnosis, I18nText, Source
+
+T = TypeVar("T")
+JSON = dict[str, Any]
+
+TAIL_LINES = 2000
+LOG_BYTES = 1 << 20
+CONCURRENCY = 8
+# Conditions every kubelet reports; their "bad" status.
+_STANDARD_BAD = {
+    "MemoryPressure": "True",
+    "DiskPressure": "True",
+    "PIDPressure": "True",
+    "NetworkUnavailable": "True",
+}
+_UNREACHABLE = ("node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready")
+_RESTARTING = frozenset({"Restarting", "Aborting", "Aborted", "Terminating"})
+
+
+class LiveError(TrainmedicError):
+    """What the CLI prints when the cluster cannot be asked: a message in both languages."""
+
+    def __init__(self, text: I18nText) -> None:
+        super().__init__(text.en)
+        self.text = text
+
+
+def no_kubeconfig(detail: str) -> LiveError:
+    return LiveError(
+        I18nText(
+            en=f"no Kubernetes configuration: {detail} (set KUBECONFIG, pass --kubeconfig FILE, or run in a pod)",
+            zh=f"未找到 Kubernetes 配置：{detail}（请设置 KUBECONFIG、使用 --kubeconfig FILE，或在 Pod 中运行）",
+        )
+    )
+
+
+def forbidden(err: KubeForbidden) -> LiveError:
+    need = err.need or "?"
+    scope = err.scope or "?"
+    return LiveError(
+        I18nText(
+            en=f"forbidden: the current kubeconfig user lacks the RBAC permission {need} ({scope}); "
+            "ask for it (read only: get, list) and retry",
+            zh=f"权限不足：当前 kubeconfig 用户缺少 RBAC 权限 {need}（{scope}）；请申请该权限（只读：get、list）后重试",
+        )
+    )
+
+
+def kube_failed(err: KubeError) -> LiveError:
+    first = str(err).splitlines()[0] if str(err) else type(err).__name__
+    return LiveError(I18nText(en=f"the Kubernetes API failed: {first}", zh=f"Kubernetes API 请求失败：{first}"))
+
+
+def api_client(kubeconfig: str | None, context: str | None = None) -> Any:
+    """An ApiClient from `kubeconfig` (else KUBECONFIG / ~/.kube/config, else the in-cluster service
+    account), with the kubeconfig's TLS settings, certificates, tokens and exec plugins."""
+    from kubernetes import client
+    from kubernetes import config as kube_config
+
+    config: Any = kube_config  # the client's loaders are untyped
+    cfg = client.Configuration()
+    try:
+        config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=cfg)
+    except (config.ConfigException, OSError, TypeError, ValueError) as exc:
+        if kubeconfig or context:
+            raise no_kubeconfig(f"{kubeconfig or 'kubeconfig'}: {exc}") from exc
+        try:
+            config.load_incluster_config(client_configuration=cfg)
+        except config.ConfigException as exc2:
+            raise no_kubeconfig(str(exc)) from exc2
+    return client.ApiClient(cfg)
+
+
+def parse_job(ref: str, namespace: str | None) -> tuple[str, str]:
+    """`NAMESPACE/NAME` or `NAME` (in `namespace`, else "default")."""
+    ns, sep, name = ref.partition("/")
+    if not sep:
+        ns, name = namespace or "default", ref
+    if not ns or not name or "/" in name:
+        raise LiveError(
+            I18nText(
+                en=f"--job {ref!r}: expected NAMESPACE/NAME or NAME",
+                zh=f"--job {ref!r}：应为 NAMESPACE/NAME 或 NAME",
+            )
+        )
+    return ns, name
+
+
+async def _bounded(sem: asyncio.Semaphore, aw: Awaitable[T]) -> T:
+    async with sem:
+        return await aw
+
+
+@dataclass
+class JobScene:
+    """What was read about one job: the workload (None for a bare owner), its pods, logs, events, nodes."""
+
+    namespace: str
+    name: str
+    kind: str
+    workload: JSON | None
+    pods: list[JSON]
+    # (pod, container, previous) -> log text
+    logs: dict[tuple[str, str, bool], str] = field(default_factory=dict)
+    events: list[JSON] = field(default_factory=list)
+    nodes: dict[str, JSON] = field(default_factory=dict)
+    # What could not be read and was skipped (a node the user may not get), for stderr.
+    skipped: list[str] = field(default_factory=list)
+
+    def inputs(self) -> list[LogInput]:
+        """The texts to classify, attributed as `diagnose --scene` attributes a saved scene."""
+        inputs: list[LogInput] = []
+        by_node: dict[str | None, list[str]] = {}
+        for obj in self.events:
+            ev = k8s_event(obj)
+            by_node.setdefault(ev.node, []).append(k8s_event_line(ev))
+        for obj in self.nodes.values():
+            nlines = node_status_lines(node_status(obj))
+            if nlines:
+                by_node.setdefault(str((obj.get("metadata") or {}).get("name")), []).extend(nlines)
+        wstatus = self.status()
+        if wstatus is not None:
+            by_node.setdefault(None, []).extend(workload_status_lines(wstatus))
+        for node, lines in by_node.items():
+            if lines:
+                inputs.append(
+                    LogInput(name="events", text="\n".join(lines).encode(), source=Source.K8S_EVENT, node=node)
+                )
+        for pod in sorted(self.pods, key=_pod_name):
+            status = pod_digest(pod).status()
+            lines = pod_status_lines(status)
+            if lines:
+                inputs.append(
+                    LogInput(
+                        name=f"pod/{status.namespace}/{status.pod}",
+                        text="\n".join(lines).encode(),
+                        source=Source.POD_STATUS,
+                        node=status.node,
+                        pod=status.pod,
+                        namespace=status.namespace,
+                        rank=status.rank,
+                    )
+                )
+        pods = {_pod_name(p): p for p in self.pods}
+        for (pod_name, container, previous), text in sorted(self.logs.items()):
+            if not text:
+                continue
+            pod = pods[pod_name]
+            suffix = ".previous" if previous else ""
+            inputs.append(
+                LogInput(
+                    name=f"{self.namespace}/{pod_name}/{container}{suffix}.log",
+                    text=text.encode(),
+                    source=Source.CONTAINER_LOG,
+                    node=_str((pod.get("spec") or {}).get("nodeName")),
+                    pod=pod_name,
+                    namespace=self.namespace,
+                    rank=rank_of(pod),
+                )
+            )
+        return inputs
+
+    def status(self) -> WorkloadStatus | None:
+        return None if self.workload is None else workload_phase(self.workload)
+
+    def diagnose(self, engine: Engine) -> Diagnosis:
+        return diagnose_inputs(self.inputs(), engine)
+
+
+def _str(v: Any) -> str | None:
+    return v if isinstance(v, str) and v else None
+
+
+def _pod_name(pod: Mapping[str, Any]) -> str:
+    return str((pod.get("metadata") or {}).get("name") or "?")
+
+
+def workload_phase(obj: Mapping[str, Any]) -> WorkloadStatus:
+    """The workload's phase and reason as the watchers read it (an MPIJob's conditions as a PyTorchJob's)."""
+    api_version, kind = str(obj.get("apiVersion") or ""), str(obj.get("kind") or "")
+    if kind == "MPIJob":
+        w = workload_status(PYTORCH_SPEC, obj)
+        return w.model_copy(update={"job": w.job.model_copy(update={"kind": kind, "api_version": api_version})})
+    spec = RESOURCES["volcanojobs"] if api_version.startswith("batch.volcano.sh/") else RESOURCES["jobs"]
+    if kind == "PyTorchJob":
+        spec = PYTORCH_SPEC
+    return workload_status(spec, obj)
+
+
+def pod_selector(obj: Mapping[str, Any]) -> dict[str, str]:
+    """The labels that select a workload's pods (remediations.workloads for the kinds it restarts)."""
+    if obj.get("kind") == "MPIJob":
+        return {"training.kubeflow.org/job-name": str((obj.get("metadata") or {}).get("name"))}
+    return job_pod_selector(obj)
+
+
+class Reader:
+    """The read-only requests of `diagnose --job` and `scan`, at most `concurrency` at once."""
+
+    def __init__(
+        self,
+        ops: KubeOps,
+        *,
+        tail_lines: int = TAIL_LINES,
+        log_bytes: int = LOG_BYTES,
+        concurrency: int = CONCURRENCY,
+    ) -> None:
+        self.ops = ops
+        self.tail_lines = tail_lines
+        self.log_bytes = log_bytes
+        self.sem = asyncio.Semaphore(concurrency)
+        # What could not be read and was left out (a kind the user may not list), for the output.
+        self.skipped: list[str] = []
+
+    async def _gather(self, aws: Iterable[Awaitable[T]]) -> list[T]:
+        return list(await asyncio.gather(*(_bounded(self.sem, a) for a in aws)))
+
+    async def find_workload(self, namespace: str, name: str) -> tuple[JSON | None, KubeForbidden | None]:
+        """The workload of that name, trying each kind (a CRD that is not installed is skipped; so is a
+        kind the user may not read, returned as the second item when no kind has the name)."""
+        denied: KubeForbidden | None = None
+
+        async def one(res: Any) -> JSON | None:
+            nonlocal denied
+            try:
+                return await self.ops.read_workload(res, namespace, name)
+            except KubeForbidden as exc:
+                denied = denied or exc
+                return None
+
+        found = await self._gather(one(res) for res in READ_WORKLOADS)
+        for obj in found:
+            if obj is not None:
+                return obj, None
+        return None, denied
+
+    async def job(self, namespace: str, name: str) -> JobScene:
+        obj, denied = await self.find_workload(namespace, name)
+        if obj is not None:
+            pods = await self.ops.list_job_pods(namespace, pod_selector(obj))
+            kind = str(obj.get("kind") or "Job")
+        else:
+            pods = [
+                p
+                for p in await self.ops.list_pods(namespace)
+                if _pod_name(p) == name
+                or any(
+                    isinstance(o, Mapping) and o.get("name") == name
+                    for o in (p.get("metadata") or {}).get("ownerReferences") or ()
+                )
+            ]
+            if not pods and denied is not None:
+                # It may be a workload of the kind the user may not read.
+                raise denied
+            if not pods:
+                raise LiveError(
+                    I18nText(
+                        en=f"job {namespace}/{name} not found: no PyTorchJob, MPIJob, Volcano Job, Job, "
+                        "pod owner or pod of that name in the namespace",
+                        zh=f"未找到作业 {namespace}/{name}：该命名空间中没有此名称的 PyTorchJob、MPIJob、"
+                        "Volcano Job、Job、Pod 属主或 Pod",
+                    )
+                )
+            owners = {
+                str(o.get("kind"))
+                for p in pods
+                for o in (p.get("metadata") or {}).get("ownerReferences") or ()
+                if isinstance(o, Mapping) and o.get("name") == name
+            }
+            kind = next(iter(sorted(owners)), "Pod")
+        scene = JobScene(namespace, name, kind, obj, pods)
+        await self._fill(scene)
+        return scene
+
+    async def _fill(self, scene: JobScene) -> None:
+        wanted: list[tuple[str, str, bool]] = []
+        for pod in scene.pods:
+            restarts = {
+                str(cs.get("name")): int(cs.get("restartCount") or 0)
+                for cs in [
+                    *((pod.get("status") or {}).get("initContainerStatuses") or ()),
+                    *((pod.get("status") or {}).get("containerStatuses") or ()),
+                ]
+                if isinstance(cs, Mapping)
+            }
+            spec = pod.get("spec") or {}
+            for c in [*(spec.get("initContainers") or ()), *(spec.get("containers") or ())]:
+                cname = str(c.get("name"))
+                wanted.append((_pod_name(pod), cname, False))
+                if restarts.get(cname, 0) > 0:
+                    wanted.append((_pod_name(pod), cname, True))
+        texts = await self._gather(
+            self.ops.pod_log(
+                scene.namespace, p, c, tail_lines=self.tail_lines, previous=prev, limit_bytes=self.log_bytes
+            )
+            for p, c, prev in wanted
+        )
+        scene.logs = dict(zip(wanted, texts, strict=True))
+        involved = {("Pod", _pod_name(p)) for p in scene.pods}
+        if scene.workload is not None:
+            involved.add((scene.kind, scene.name))
+        scene.events = await self.ops.list_events(scene.namespace, involved=involved)
+        node_names = sorted({n for p in scene.pods if (n := _str((p.get("spec") or {}).get("nodeName")))})
+        if node_names:
+            scene.nodes, node_events = await self._nodes(node_names, scene.skipped)
+            scene.events.extend(node_events)
+
+    async def _nodes(self, names: Sequence[str], skipped: list[str]) -> tuple[dict[str, JSON], list[JSON]]:
+        """The nodes and their events (in `default`, where events about cluster-scoped objects go);
+        a user who may not read them gets the diagnosis without them (noted in `skipped`)."""
+        nodes: dict[str, JSON] = {}
+        try:
+            for name, obj in zip(names, await self._gather(self.ops.get_node(n) for n in names), strict=True):
+                if obj is not None:
+                    nodes[name] = obj
+        except KubeForbidden as exc:
+            skipped.append(f"nodes ({exc.need})")
+        events: list[JSON] = []
+        try:
+            events = await self.ops.list_events("default", involved={("Node", n) for n in names})
+        except KubeForbidden as exc:
+            skipped.append(f"node events ({exc.need}, namespace default)")
+        return nodes, events
+
+    # -- scan ---------------------------------------------------------------------------------------
+
+    async def workloads(self, namespace: str | None) -> list[JSON]:
+        """Every training workload in `namespace` (None: all), CRDs not installed skipped."""
+
+        async def one(res: Any) -> list[JSON]:
+            try:
+                items = await self.ops.list_workloads(res, namespace)
+            except KubeNotFound:
+                return []
+            except KubeForbidden as exc:
+                self.skipped.append(f"{res.kind}.{res.group} ({exc.need}, {exc.scope})")
+                return []
+            for obj in items:
+                # Lists leave kind and apiVersion out of their items.
+                obj.setdefault("apiVersion", res.api_version)
+                obj.setdefault("kind", res.kind)
+            return items
+
+        lists = await self._gather(one(res) for res in (PYTORCH_JOBS, MPI_JOBS, VOLCANO_JOBS, JOBS))
+        out = [obj for items in lists for obj in items]
+        # A batch/v1 Job a Volcano or Kubeflow controller made is seen through its owner.
+        return [o for o in out if not (o.get("kind") == "Job" and _owned_by_workload(o))]
+
+
+def _owned_by_workload(obj: Mapping[str, Any]) -> bool:
+    kinds = {"PyTorchJob", "MPIJob", "Job"}
+    return any(
+        isinstance(o, Mapping) and o.get("kind") in kinds and o.get("controller") is True
+        for o in (obj.get("metadata") or {}).get("ownerReferences") or ()
+    )
+
+
+def unhealthy_workload(obj: Mapping[str, Any]) -> str | None:
+    """Why a workload is listed by `scan` ("Failed", "Restarting", "BackoffLimitExceeded"), or None."""
+    w = workload_phase(obj)
+    if w.phase == "Failed":
+        return f"Failed{f' ({w.reason})' if w.reason else ''}"
+    if w.phase in _RESTARTING:
+        return w.phase
+    status = obj.get("status") or {}
+    if obj.get("kind") == "Job" and str(obj.get("apiVersion")) == "batch/v1" and int(status.get("failed") or 0) > 0:
+        return f"Restarting ({int(status['failed'])} failed pods)"
+    return None
+
+
+def node_problems(obj: Mapping[str, Any], lang: str = "en") -> list[str]:
+    """What is wrong with a node: Ready not True, an unreachable / not-ready taint, trainmedic's
+    quarantine (with its reason), a pressure condition, any other condition (an accelerator's, a
+    node-problem-detector's) that is True."""
+    n = node_status(obj)
+    out: list[str] = []
+    ready = n.conditions.get("Ready")
+    if ready is not None and ready != "True":
+        reason = n.reasons.get("Ready")
+        word = "未就绪" if lang == "zh" else "NotReady"
+        out.append(f"{word} (Ready={ready}{f', {reason}' if reason else ''})")
+    for t in n.taints:
+        key = t.split("=", 1)[0].split(":", 1)[0]
+        if key in _UNREACHABLE:
+            out.append(f"{'污点' if lang == 'zh' else 'taint'} {t}")
+        elif key == TAINT_KEY:
+            why = ((obj.get("metadata") or {}).get("annotations") or {}).get(ANN_QUARANTINE_REASON)
+            word = "已被 trainmedic 隔离" if lang == "zh" else "quarantined by trainmedic"
+            out.append(f"{word}{f': {why}' if why else ''}")
+    for c in (obj.get("status") or {}).get("conditions") or ():
+        if not isinstance(c, Mapping):
+            continue
+        ctype, status = str(c.get("type") or ""), str(c.get("status") or "")
+        if ctype == "Ready":
+            continue
+        bad = _STANDARD_BAD.get(ctype, "True")
+        if status == bad:
+            detail = _str(c.get("reason")) or ""
+            message = (_str(c.get("message")) or "").splitlines()[0][:160] if _str(c.get("message")) else ""
+            out.append(
+                f"{ctype}={status}" + (f" ({detail}: {message})" if message else f" ({detail})" if detail else "")
+            )
+    return out
+
+
+def one_line(diagnosis: Diagnosis, lang: str) -> str:
+    """A diagnosis in one line: the fault class and the root cause's summary (which names the place)."""
+    rc = diagnosis.root_cause
+    if rc is None:
+        return "未发现已知故障" if lang == "zh" else "no known fault found"
+    return f"{rc.fault_class.value}: {rc.summary.get(lang)}"
+
+
+async def scan(reader: Reader, namespace: str | None, engine: Engine, lang: str) -> JSON:
+    """`trainmedic scan`: the unhealthy workloads (each diagnosed as `diagnose --job` would) and nodes."""
+    workloads = [w for w in await reader.workloads(namespace) if unhealthy_workload(w) is not None]
+    nodes: list[JSON] = []
+    skipped = reader.skipped
+    try:
+        nodes = await reader.ops.list_nodes()
+    except KubeForbidden as exc:
+        skipped.append(f"nodes ({exc.need}, {exc.scope})")
+
+    async def diagnose_one(obj: JSON) -> JSON:
+        meta = obj.get("metadata") or {}
+        ns, name = str(meta.get("namespace") or "default"), str(meta.get("name") or "?")
+        w = workload_phase(obj)
+        entry: JSON = {
+            "kind": str(obj.get("kind")),
+            "api_version": str(obj.get("apiVersion")),
+            "namespace": ns,
+            "name": name,
+            "phase": w.phase,
+            "state": unhealthy_workload(obj),
+        }
+        try:
+            job = await reader.job(ns, name)
+        except (KubeError, LiveError) as exc:
+            entry.update(pods=None, root_cause=None, summary=str(exc).splitlines()[0])
+            return entry
+        skipped.extend(s for s in job.skipped if s not in skipped)
+        d = job.diagnose(engine)
+        entry.update(
+            pods=len(job.pods),
+            root_cause=d.root_cause.contract_dict(lang) if d.root_cause else None,
+            summary=one_line(d, lang),
+        )
+        return entry
+
+    # Each job's own reads are bounded by the reader's semaphore; a few jobs at once.
+    job_sem = asyncio.Semaphore(4)
+    entries = await asyncio.gather(*(_bounded(job_sem, diagnose_one(w)) for w in workloads))
+    bad_nodes = []
+    for obj in nodes:
+        problems = node_problems(obj, lang)
+        if problems:
+            name = str((obj.get("metadata") or {}).get("name"))
+            bad_nodes.append({"node": name, "problems": problems, "summary": "; ".join(problems)})
+    return {
+        "workloads": sorted(entries, key=lambda e: (e["namespace"], e["name"], e["kind"])),
+        "nodes": sorted(bad_nodes, key=lambda n: n["node"]),
+        "skipped": skipped,
+    }
+
+
+class _DaemonCalls(concurrent.futures.ThreadPoolExecutor):
+    """The loop's default executor (asyncio accepts only a ThreadPoolExecutor) running each call in a
+    daemon thread of its own (agent.watchers.k8s.DaemonThreadExecutor), which neither the loop's
+    shutdown nor the interpreter's exit waits for."""
+
+    def __init__(self) -> None:
+        super().__init__(max_workers=1)
+        self._calls = DaemonThreadExecutor("trainmedic-live")
+
+    def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any]:
+        return self._calls.submit(fn, *args, **kwargs)
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        super().shutdown(wait=False, cancel_futures=cancel_futures)
+
+
+async def with_ops(
+    kubeconfig: str | None,
+    context: str | None,
+    timeout_s: float,
+    body: Any,
+) -> Any:
+    """Run `body(reader)` with a fresh client; typed errors become LiveError; the whole within `timeout_s`."""
+    # Calls run in daemon threads: at the deadline the command ends at once, without waiting for a
+    # request the server is still sitting on (asyncio.run would join the default executor's threads).
+    asyncio.get_running_loop().set_default_executor(_DaemonCalls())
+    api = api_client(kubeconfig, context)
+    ops = KubeOps(api, attempts=2, base_delay=0.2, max_delay=1.0, request_timeout=(5.0, 20.0))
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await body(Reader(ops))
+    except TimeoutError as exc:
+        raise LiveError(
+            I18nText(
+                en=f"the Kubernetes API did not answer within {timeout_s:g} s (--timeout)",
+                zh=f"Kubernetes API 在 {timeout_s:g} 秒内未响应（--timeout）",
+            )
+        ) from exc
+    except KubeForbidden as exc:
+        raise forbidden(exc) from exc
+    except KubeError as exc:
+        raise kube_failed(exc) from exc
+    finally:
+        ops.close()
+        with contextlib.suppress(Exception):
+            api.close()
