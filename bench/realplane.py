@@ -25,6 +25,15 @@ mode. Everything (plane, agent, this process) shares the machine.
   Job's 2 pods are Running on other nodes. It is dominated by the node lifecycle controller's
   settings, reported alongside (`real_node_lost_settings`: the plane's short test settings, not a
   production cluster's 40 s default grace period).
+* `agent_watch_events_per_s`: the cluster role's Kubernetes watchers (`KubeWatchers` as
+  `trainmedic-cluster`: pods, events, nodes, workloads, cluster-wide) while `--churn` pods and as
+  many core/v1 Events are created in the training namespace by 8 threads (admin clients, one
+  watch event each: the pods are bound to no node and name a scheduler that does not exist, so
+  nothing else touches them). From the first write to both the pods' and the events' watch having
+  passed the resourceVersion of its last write. The writers share the 2 cores with the API server
+  and the watchers, so the figure is the churn the watchers kept up with, bounded by what the
+  writers could produce: `agent_watch_lag_s` (last write to caught up) near zero means the
+  watchers were not the limit.
 
 Where the plane's binaries are missing (`make cluster` builds them), the figures are null and
 `realplane_error` says why; any other failure is reported the same way, so that the rest of
@@ -35,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import statistics
 import sys
@@ -50,7 +60,13 @@ for _p in (ROOT, ROOT / "tests"):
 
 from servers import kubeplane  # noqa: E402
 
-FIGURES = ("real_fault_to_pods_running_p50_s", "real_fault_to_pods_running_p99_s", "real_node_lost_to_pods_running_s")
+FIGURES = (
+    "real_fault_to_pods_running_p50_s",
+    "real_fault_to_pods_running_p99_s",
+    "real_node_lost_to_pods_running_s",
+    "agent_watch_events_per_s",
+)
+WRITERS = 8
 POLL_S = 0.05  # how often the end condition is polled (one GET of the job's pods)
 
 
@@ -120,6 +136,92 @@ async def _one_incident(plane: Any, tmp: Path, name: str, fault: str) -> float:
         await agents.stop()
 
 
+def _churn(plane: Any, namespace: str, n: int) -> dict[str, int]:
+    """Create n pods and n Events with WRITERS threads; the highest resourceVersion written of each
+    (a watch of one resource passes only its own objects' versions, bookmarks aside)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from kubernetes import client as kclient
+
+    def write(worker: int) -> dict[str, int]:
+        api = plane.api_client()
+        core: Any = kclient.CoreV1Api(api)  # raw responses (_preload_content=False)
+        top = {"pods": 0, "events": 0}
+        try:
+            for i in range(worker, n, WRITERS):
+                pod = {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "metadata": {"name": f"churn-{i}", "labels": {"bench": "churn"}},
+                    "spec": {
+                        "schedulerName": "nobody",
+                        "containers": [{"name": "c", "image": "registry.example/idle:1"}],
+                    },
+                }
+                out = core.create_namespaced_pod(namespace, pod, _preload_content=False)
+                top["pods"] = max(top["pods"], int(json.loads(out.data)["metadata"]["resourceVersion"]))
+                event = {
+                    "apiVersion": "v1",
+                    "kind": "Event",
+                    "metadata": {"name": f"churn-{i}"},
+                    "involvedObject": {"kind": "Pod", "namespace": namespace, "name": f"churn-{i}"},
+                    "reason": "BackOff",
+                    "message": "Back-off restarting failed container",
+                    "type": "Warning",
+                }
+                out = core.create_namespaced_event(namespace, event, _preload_content=False)
+                top["events"] = max(top["events"], int(json.loads(out.data)["metadata"]["resourceVersion"]))
+        finally:
+            api.close()
+        return top
+
+    with ThreadPoolExecutor(WRITERS) as pool:
+        tops = list(pool.map(write, range(WRITERS)))
+    return {k: max(t[k] for t in tops) for k in ("pods", "events")}
+
+
+async def _watch_rate(plane: Any, churn: int) -> dict[str, Any]:
+    """The cluster role's watchers against `churn` pods and `churn` Events written meanwhile."""
+    from realplane.conftest import TRAINING
+
+    from agent.bus.memory import MemoryBus
+    from agent.jobindex import JobIndex
+    from agent.telemetry import Telemetry
+    from agent.watchers.k8s import KubeWatchers
+
+    api = plane.api_client(plane.service_account_token("trainmedic", "trainmedic-cluster"))
+    watchers = KubeWatchers(api, bus=MemoryBus(partitions=4), job_index=JobIndex(), telemetry=Telemetry())
+    task = asyncio.create_task(watchers.run())
+    try:
+        await asyncio.wait_for(watchers.ready.wait(), 60)
+        loops = [r for r in watchers.reflectors if r.spec.name in ("pods", "events")]
+
+        def caught_up(rv: dict[str, int]) -> bool:
+            return all(r._rv is not None and int(r._rv) >= rv[r.spec.name] for r in loops)
+
+        t0 = time.perf_counter()
+        last = await asyncio.to_thread(_churn, plane, TRAINING, churn)
+        written = time.perf_counter()
+        deadline = written + 120
+        while not caught_up(last):
+            if time.perf_counter() > deadline:
+                raise RuntimeError(f"the watchers did not reach resourceVersion {last} within 120 s")
+            await asyncio.sleep(0.01)
+        done = time.perf_counter()
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+        api.close()
+    events = 2 * churn
+    return {
+        "agent_watch_events_per_s": round(events / (done - t0), 1),
+        "agent_watch_events": events,
+        "agent_watch_writes_per_s": round(events / (written - t0), 1),
+        "agent_watch_lag_s": round(done - written, 3),
+    }
+
+
 async def _measure(plane: Any, tmp: Path, repetitions: int, node_lost: bool) -> dict[str, Any]:
     runs: list[float] = []
     for i in range(repetitions):
@@ -147,7 +249,13 @@ async def _measure(plane: Any, tmp: Path, repetitions: int, node_lost: bool) -> 
     return out
 
 
-def run_realplane(*, repetitions: int = 5, node_lost: bool = True) -> dict[str, Any]:
+def _delete_churn(plane: Any) -> None:
+    from realplane.conftest import TRAINING
+
+    plane.request("DELETE", f"/api/v1/namespaces/{TRAINING}/pods?labelSelector=bench%3Dchurn")
+
+
+def run_realplane(*, repetitions: int = 5, node_lost: bool = True, churn: int = 1000) -> dict[str, Any]:
     """The real-plane figures as a dict; null figures and `realplane_error` where they cannot be had."""
     if repetitions < 1:
         raise ValueError("repetitions must be at least 1")
@@ -173,6 +281,18 @@ def run_realplane(*, repetitions: int = 5, node_lost: bool = True) -> dict[str, 
                 plane.apply(deploy_docs())
                 _log(f"real plane up in {time.perf_counter() - started:.1f} s")
                 out = asyncio.run(_measure(plane, d, repetitions, node_lost))
+                if churn > 0:
+                    _log(
+                        f"real plane: the watchers against {churn} pods and {churn} Events created by {WRITERS} threads"
+                    )
+                    out.update(asyncio.run(_watch_rate(plane, churn)))
+                    _log(
+                        f"real plane: {out['agent_watch_events_per_s']} watch events/s "
+                        f"(writers {out['agent_watch_writes_per_s']}/s, lag {out['agent_watch_lag_s']} s)"
+                    )
+                    _delete_churn(plane)
+                else:
+                    out["agent_watch_events_per_s"] = None
             finally:
                 plane.stop()
     except Exception as exc:  # noqa: BLE001 - reported in the JSON
@@ -188,10 +308,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="Self-healing figures on the real control plane, as one JSON object.")
     ap.add_argument("--repetitions", type=int, default=5, help="Xid 79 incidents (default 5)")
     ap.add_argument("--no-node-lost", action="store_true", help="no node-lost figure")
+    ap.add_argument("--churn", type=int, default=1000, help="pods and Events written for the watch figure (0: none)")
     args = ap.parse_args(argv)
     if args.repetitions < 1:
         ap.error("--repetitions must be at least 1")
-    print(json.dumps(run_realplane(repetitions=args.repetitions, node_lost=not args.no_node_lost), indent=2))
+    out = run_realplane(repetitions=args.repetitions, node_lost=not args.no_node_lost, churn=args.churn)
+    print(json.dumps(out, indent=2))
     return 0
 
 
