@@ -285,11 +285,17 @@ def run_realplane(*, repetitions: int = 5, node_lost: bool = True, churn: int = 
                     _log(
                         f"real plane: the watchers against {churn} pods and {churn} Events created by {WRITERS} threads"
                     )
-                    out.update(asyncio.run(_watch_rate(plane, churn)))
-                    _log(
-                        f"real plane: {out['agent_watch_events_per_s']} watch events/s "
-                        f"(writers {out['agent_watch_writes_per_s']}/s, lag {out['agent_watch_lag_s']} s)"
-                    )
+                    try:
+                        watch = asyncio.run(_watch_rate(plane, churn))
+                    except Exception as exc:  # noqa: BLE001 - the healing figures above stand
+                        _log(f"watch figure failed: {type(exc).__name__}: {exc}")
+                        watch = {"agent_watch_events_per_s": None, "agent_watch_error": f"{type(exc).__name__}: {exc}"}
+                    else:
+                        _log(
+                            f"real plane: {watch['agent_watch_events_per_s']} watch events/s "
+                            f"(writers {watch['agent_watch_writes_per_s']}/s, lag {watch['agent_watch_lag_s']} s)"
+                        )
+                    out.update(watch)
                     _delete_churn(plane)
                 else:
                     out["agent_watch_events_per_s"] = None
