@@ -30,7 +30,12 @@ Steps:
 7. The hang-detection figures (unless --no-hang): bench/hang.py replays seeded 24-hour jobs of every
    progress format through the shipped hang detector under fake time (`hang_detect_s`,
    `hang_false_alarms_24h`).
-8. Print one JSON object on stdout (medians, ratios, corpus and machine facts, per-repeat figures)
+8. The real-plane figures (unless --no-realplane): bench/realplane.py starts the real control plane
+   (tests/servers/kubeplane.py: etcd, kube-apiserver, controller-manager, scheduler, KWOK nodes) and
+   runs the agent as deployed against it (`real_fault_to_pods_running_p50_s` / `_p99_s` over
+   `--real-repetitions` Xid 79 incidents, `real_node_lost_to_pods_running_s`); null with
+   `realplane_error` where the binaries are not built (`make cluster`).
+9. Print one JSON object on stdout (medians, ratios, corpus and machine facts, per-repeat figures)
    and write it to bench/results.json. Progress goes to stderr.
 """
 
@@ -480,6 +485,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--no-remediation", action="store_true", help="no self-healing figures")
     ap.add_argument("--no-coldstart", action="store_true", help="no `trainmedic diagnose` start-up figures")
     ap.add_argument("--no-hang", action="store_true", help="no hang-detection figures")
+    ap.add_argument("--no-realplane", action="store_true", help="no figures on the real control plane")
+    ap.add_argument(
+        "--real-repetitions",
+        type=int,
+        default=None,
+        help="Xid 79 incidents on the real control plane (default 5; 2 with --quick)",
+    )
     args = ap.parse_args(argv)
     if args.repeats < 1:
         ap.error("--repeats must be at least 1")
@@ -487,6 +499,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         ap.error("--grep-limit must not be negative")
     if args.lines is not None and args.lines < 1:
         ap.error("--lines must be at least 1")
+    if args.real_repetitions is not None and args.real_repetitions < 1:
+        ap.error("--real-repetitions must be at least 1")
     return args
 
 
@@ -541,6 +555,23 @@ def run_remediation_figures(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+GOAL_REAL_FAULT_TO_PODS_RUNNING_P99_S = 5.0
+
+
+def run_realplane_figures(args: argparse.Namespace) -> dict[str, Any]:
+    """The self-healing figures on the real control plane (bench/realplane.py); null figures and
+    `realplane_error` when the plane is not built or fails, never an exception."""
+    from bench.realplane import run_realplane
+
+    reps = args.real_repetitions or (2 if args.quick else 5)
+    log(f"self-healing on the real control plane: {reps} Xid 79 incidents and a lost node (bench/realplane.py)")
+    out = run_realplane(repetitions=reps)
+    p99 = out.get("real_fault_to_pods_running_p99_s")
+    out["meets_real_fault_to_pods_running_goal"] = None if p99 is None else p99 <= GOAL_REAL_FAULT_TO_PODS_RUNNING_P99_S
+    out["goals_realplane"] = {"real_fault_to_pods_running_p99_s": GOAL_REAL_FAULT_TO_PODS_RUNNING_P99_S}
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     result = run(args)
@@ -561,6 +592,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         log("hang detection: 24-hour replays of every progress format under fake time (bench/hang.py)")
         result.update(measure_hang((1,) if args.quick else (1, 2, 3)))
+    if not args.no_realplane:
+        result.update(run_realplane_figures(args))
     text = json.dumps(result, indent=2, ensure_ascii=False)
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(text + "\n", encoding="utf-8")
