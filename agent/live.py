@@ -48,6 +48,7 @@ from remediations.kube import (
     ANN_QUARANTINE_REASON,
     JOBS,
     MPI_JOBS,
+    PODS,
     PYTORCH_JOBS,
     READ_WORKLOADS,
     TAINT_KEY,
@@ -56,6 +57,9 @@ from remediations.kube import (
     KubeForbidden,
     KubeNotFound,
     KubeOps,
+    _check_names,
+    _Res,
+    _What,
 )
 from remediations.workloads import job_pod_selector
 from trainmedic.errors import TrainmedicError
@@ -261,7 +265,7 @@ class Reader:
 
     def __init__(
         self,
-        ops: KubeOps,
+        ops: ReadOps,
         *,
         tail_lines: int = TAIL_LINES,
         log_bytes: int = LOG_BYTES,
@@ -541,6 +545,44 @@ class _DaemonCalls(concurrent.futures.ThreadPoolExecutor):
         super().shutdown(wait=False, cancel_futures=cancel_futures)
 
 
+class ReadOps(KubeOps):
+    """The reads a person's `diagnose --job` and `scan` make with their own kubeconfig (every kind
+    of READ_WORKLOADS, pods of a namespace). They live here, not in KubeOps: remediations/kube.py
+    holds exactly the daemon's calls, which the deploy tests read to prove its RBAC is minimal."""
+
+    async def read_workload(self, res: _Res, namespace: str, name: str) -> JSON | None:
+        """A workload of any kind in READ_WORKLOADS (MPIJob too), or None when absent or its CRD is not
+        installed."""
+        _check_names(namespace=namespace, name=name)
+        what = _What("get", res, namespace, name)
+        if res is JOBS:
+            return await self._get(what, self.batch.read_namespaced_job, name, namespace)
+        return await self._get(
+            what, self.custom.get_namespaced_custom_object, res.group, res.version, namespace, res.plural, name
+        )
+
+    async def list_workloads(self, res: _Res, namespace: str | None) -> list[JSON]:
+        """Every workload of a kind in a namespace (None: all namespaces). KubeNotFound: the CRD is not
+        installed."""
+        if namespace:
+            _check_names(namespace=namespace)
+        what = _What("list", res, namespace)
+        if res is JOBS:
+            if namespace:
+                return await self._list(what, self.batch.list_namespaced_job, namespace)
+            return await self._list(what, self.batch.list_job_for_all_namespaces)
+        if namespace:
+            return await self._list(
+                what, self.custom.list_namespaced_custom_object, res.group, res.version, namespace, res.plural
+            )
+        return await self._list(what, self.custom.list_cluster_custom_object, res.group, res.version, res.plural)
+
+    async def list_pods(self, namespace: str) -> list[JSON]:
+        """Every pod of a namespace."""
+        _check_names(namespace=namespace)
+        return await self._list(_What("list", PODS, namespace), self.core.list_namespaced_pod, namespace)
+
+
 async def with_ops(
     kubeconfig: str | None,
     context: str | None,
@@ -552,7 +594,7 @@ async def with_ops(
     # request the server is still sitting on (asyncio.run would join the default executor's threads).
     asyncio.get_running_loop().set_default_executor(_DaemonCalls())
     api = api_client(kubeconfig, context)
-    ops = KubeOps(api, attempts=2, base_delay=0.2, max_delay=1.0, request_timeout=(5.0, 20.0))
+    ops = ReadOps(api, attempts=2, base_delay=0.2, max_delay=1.0, request_timeout=(5.0, 20.0))
     try:
         async with asyncio.timeout(timeout_s):
             return await body(Reader(ops))

@@ -628,38 +628,6 @@ class KubeOps:
             what, self.custom.get_namespaced_custom_object, res.group, res.version, namespace, res.plural, name
         )
 
-    async def read_workload(self, res: _Res, namespace: str, name: str) -> JSON | None:
-        """A workload of any kind in READ_WORKLOADS (MPIJob too), or None when absent or its CRD is not
-        installed."""
-        _check_names(namespace=namespace, name=name)
-        what = _What("get", res, namespace, name)
-        if res is JOBS:
-            return await self._get(what, self.batch.read_namespaced_job, name, namespace)
-        return await self._get(
-            what, self.custom.get_namespaced_custom_object, res.group, res.version, namespace, res.plural, name
-        )
-
-    async def list_workloads(self, res: _Res, namespace: str | None) -> list[JSON]:
-        """Every workload of a kind in a namespace (None: all namespaces). KubeNotFound: the CRD is not
-        installed."""
-        if namespace:
-            _check_names(namespace=namespace)
-        what = _What("list", res, namespace)
-        if res is JOBS:
-            if namespace:
-                return await self._list(what, self.batch.list_namespaced_job, namespace)
-            return await self._list(what, self.batch.list_job_for_all_namespaces)
-        if namespace:
-            return await self._list(
-                what, self.custom.list_namespaced_custom_object, res.group, res.version, namespace, res.plural
-            )
-        return await self._list(what, self.custom.list_cluster_custom_object, res.group, res.version, res.plural)
-
-    async def list_pods(self, namespace: str) -> list[JSON]:
-        """Every pod of a namespace."""
-        _check_names(namespace=namespace)
-        return await self._list(_What("list", PODS, namespace), self.core.list_namespaced_pod, namespace)
-
     async def delete_workload(self, obj: Mapping[str, Any], *, propagation: str = "Background") -> bool:
         """Delete the workload `obj` is, and only that incarnation of it.
 
