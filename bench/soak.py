@@ -1,6 +1,7 @@
 """Soak: `trainmedic run --role all`'s brain and memory bus under sustained load (`make soak`).
 
-    python -m bench.soak [--minutes 3] [--lines-per-s 20000] [--faults-per-s 20] [--tracemalloc]
+    python -m bench.soak [--minutes 3] [--lines-per-s 20000] [--faults-per-s 20] [--bus memory|kafka]
+                         [--tracemalloc]
 
 The agent is built exactly as `trainmedic run --role all` builds it (agent/run.py `build_agent`:
 the memory bus, the brain, the loop-lag monitor; no Kubernetes API, so no watcher and no
@@ -13,12 +14,18 @@ responder), and a paced publisher in the same process feeds its bus as the watch
   watchdog timeout) in its first batch, is reported Failed (workload and pod) `--fail-after-s`
   later and deleted `--delete-after-s` after that, as a real cluster reports them.
 
+`--bus kafka` runs the same agent and the same paced load through a real Apache Kafka broker
+(KRaft, one JVM; tests/servers/kafka.py starts it from the jars `make kafka` caches), the agent's
+bus being `bus.kind: kafka` as a production brain has it. The broker's own memory is not the
+agent's: the RSS measured is this process's only. Its slope is `soak_rss_slope_mb_per_min`.
+
 Figures (one JSON object on stdout, and merged into bench/results.json with `--results`):
-`soak_minutes`, `soak_memory_bus_rss_slope_mb_per_min` (least squares over the RSS samples after
-`--warmup-s`), `soak_rss_start_mb`, `soak_rss_end_mb`, `soak_loop_lag_p99_ms` (the agent's own
-loop-lag monitor, after the warm-up), `soak_lines_per_s` (read by the brain), `soak_diagnoses`,
-`soak_jobs`, `soak_backlog_end` (records the bus held when the load stopped) and the
-`trainmedic_state_entries` gauges at the end (`soak_state_entries`), which must be flat.
+`soak_minutes`, `soak_bus`, `soak_memory_bus_rss_slope_mb_per_min` (least squares over the RSS
+samples after `--warmup-s`; `soak_rss_slope_mb_per_min` with `--bus kafka`), `soak_rss_start_mb`,
+`soak_rss_end_mb`, `soak_loop_lag_p99_ms` (the agent's own loop-lag monitor, after the warm-up),
+`soak_lines_per_s` (read by the brain), `soak_diagnoses`, `soak_jobs`, `soak_backlog_end` (records
+the bus held when the load stopped) and the `trainmedic_state_entries` gauges at the end
+(`soak_state_entries`), which must be flat.
 
 `--tracemalloc` takes a snapshot after the warm-up and one at the end and prints the top growing
 allocation sites and object types to stderr: where memory goes when the slope is not flat.
@@ -198,7 +205,8 @@ def _types() -> Counter[str]:
     return Counter(type(o).__name__ for o in gc.get_objects())
 
 
-async def soak(args: argparse.Namespace) -> dict[str, Any]:
+async def soak(args: argparse.Namespace, bootstrap: str | None = None) -> dict[str, Any]:
+    bus: dict[str, Any] = {"kind": "memory"} if bootstrap is None else {"kind": "kafka", "bootstrap": bootstrap}
     with tempfile.TemporaryDirectory(prefix="tm-soak-") as tmp:
         from agent.config import DetectSettings
 
@@ -207,6 +215,7 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
         settings = Settings.model_validate(
             {
                 "detect": detect,
+                "bus": bus,
                 "log_format": "text",
                 "log_level": "WARNING",
                 "kubernetes": {"enabled": False},
@@ -281,6 +290,7 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
         agent.stop.set()
         await asyncio.wait_for(runner, 60)
         measured = [p for p in samples if p[0] >= args.warmup_s]
+        slope_key = "soak_rss_slope_mb_per_min" if bootstrap else "soak_memory_bus_rss_slope_mb_per_min"
         elapsed = max(1e-9, seconds - t_warm)
         return {
             "soak_minutes": args.minutes,
@@ -291,7 +301,8 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
             "soak_lines_read": lines_in,
             "soak_jobs": pub.jobs,
             "soak_diagnoses": brain.diagnoses_published,
-            "soak_memory_bus_rss_slope_mb_per_min": round(slope_per_min(measured), 2),
+            "soak_bus": bus["kind"],
+            slope_key: round(slope_per_min(measured), 2),
             "soak_rss_start_mb": round(measured[0][1], 1) if measured else None,
             "soak_rss_end_mb": round(samples[-1][1], 1) if samples else None,
             "soak_loop_lag_p99_ms": round(percentile(lags, 0.99) * 1000, 1),
@@ -313,9 +324,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup-s", type=float, default=300.0)
     p.add_argument("--job-grace-s", type=float, default=120.0, help="detect.job_grace_s of the agent")
     p.add_argument("--sample-s", type=float, default=5.0)
+    p.add_argument("--bus", choices=("memory", "kafka"), default="memory", help="the agent's bus.kind")
     p.add_argument("--tracemalloc", action="store_true")
     p.add_argument("--results", type=Path, default=None, help="merge the figures into this JSON file")
     return p.parse_args(argv)
+
+
+def _with_kafka(args: argparse.Namespace) -> dict[str, Any]:
+    """The soak against a real Apache Kafka broker started for it (and stopped after)."""
+    tests = str(ROOT / "tests")
+    if tests not in sys.path:
+        sys.path.insert(0, tests)
+    from servers.kafka import KafkaBroker, missing
+
+    why = missing()
+    if why is not None:
+        raise SystemExit(f"--bus kafka: {why} (run `make kafka`)")
+    with KafkaBroker() as broker:
+        return asyncio.run(soak(args, broker.bootstrap))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -323,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.tracemalloc:
         tracemalloc.start(1)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
-    out = asyncio.run(soak(args))
+    out = _with_kafka(args) if args.bus == "kafka" else asyncio.run(soak(args))
     print(json.dumps(out, indent=2))
     if args.results is not None:
         results = json.loads(args.results.read_text()) if args.results.exists() else {}
