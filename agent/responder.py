@@ -618,7 +618,7 @@ class Responder:
                 failed = failed or action.state is ActionState.FAILED
                 continue
             if blocked is not None:
-                self._skip_blocked(incident, action, blocked)
+                await self._skip_blocked(incident, action, blocked)
                 continue
             try:
                 await self._run_action(incident, action, rc)
@@ -632,12 +632,13 @@ class Responder:
                     retry = True
                     self.telemetry.actions.labels(action.name, "retry").inc()
                     delay = err.delay if err.delay is not None else self.settings.retry_after_s
-                    current = self.store.get(incident.id).actions[action.seq]
+                    current = (await asyncio.to_thread(self.store.get, incident.id)).actions[action.seq]
                     escalated = bool((current.result or {}).get("escalated"))
-                    self.store.update_action(
+                    await asyncio.to_thread(
+                        self.store.update_action,
                         incident.id,
                         action.seq,
-                        ActionState(self._journal_state(incident, action)),
+                        ActionState(await self._journal_state(incident, action)),
                         result={
                             "retry": str(err),
                             "retry_at": self.clock() + delay,
@@ -646,19 +647,29 @@ class Responder:
                     )
                     if err.escalate and not escalated:
                         # A person is told (blocked: a person must look) while the journal goes on.
-                        self.store.note(
-                            incident.id, "escalated", {"action": action.name, "why": str(err), "page": True}
+                        await asyncio.to_thread(
+                            self.store.note,
+                            incident.id,
+                            "escalated",
+                            {"action": action.name, "why": str(err), "page": True},
                         )
-                        self.store.set_status(
-                            incident.id, IncidentStatus.BLOCKED, {"page": True, "still_waiting": True, "why": str(err)}
+                        await asyncio.to_thread(
+                            self.store.set_status,
+                            incident.id,
+                            IncidentStatus.BLOCKED,
+                            {"page": True, "still_waiting": True, "why": str(err)},
                         )
-                        await self._publish(self.store.get(incident.id), rc)
+                        await self._publish(await asyncio.to_thread(self.store.get, incident.id), rc)
                     log.warning("incident %s: %s will be retried in %.0f s: %s", incident.id, action.name, delay, err)
                     break
                 if isinstance(err, StalePlan):
                     stale = err
-                    self.store.update_action(
-                        incident.id, action.seq, ActionState.SKIPPED, result={"reason": str(err), "stale": True}
+                    await asyncio.to_thread(
+                        self.store.update_action,
+                        incident.id,
+                        action.seq,
+                        ActionState.SKIPPED,
+                        result={"reason": str(err), "stale": True},
                     )
                     log.warning("incident %s: %s", incident.id, err)
                     blocked = ActionBlocked(I18nText(en=str(err), zh="作业在计划制定后已被重新提交或修改：计划作废。"))
@@ -666,12 +677,13 @@ class Responder:
                 if isinstance(err, ActionBlocked):
                     blocked = err
                     self.telemetry.actions.labels(action.name, "blocked").inc()
-                    self._skip_blocked(incident, action, blocked)
+                    await self._skip_blocked(incident, action, blocked)
                     log.warning("incident %s: %s blocked: %s", incident.id, action.name, err)
                     continue
                 failed = True
                 self.telemetry.actions.labels(action.name, "failed").inc()
-                self.store.update_action(
+                await asyncio.to_thread(
+                    self.store.update_action,
                     incident.id,
                     action.seq,
                     ActionState.FAILED,
@@ -700,19 +712,27 @@ class Responder:
             await self._publish(incident, rc)
         return incident
 
-    def _skip_blocked(self, incident: Incident, action: ActionRecord, blocked: ActionBlocked) -> None:
+    async def _skip_blocked(self, incident: Incident, action: ActionRecord, blocked: ActionBlocked) -> None:
         """An action after (or at) a refusal of the policy: notifications still go, changes do not."""
         if ActionName(action.name) is ActionName.NOTIFY:
-            self.store.update_action(
-                incident.id, action.seq, ActionState.DONE, result={"published": Topic.INCIDENTS.value, "page": True}
+            await asyncio.to_thread(
+                self.store.update_action,
+                incident.id,
+                action.seq,
+                ActionState.DONE,
+                result={"published": Topic.INCIDENTS.value, "page": True},
             )
             return
-        self.store.update_action(
-            incident.id, action.seq, ActionState.SKIPPED, result={"reason": blocked.why.en, "blocked": True}
+        await asyncio.to_thread(
+            self.store.update_action,
+            incident.id,
+            action.seq,
+            ActionState.SKIPPED,
+            result={"reason": blocked.why.en, "blocked": True},
         )
 
-    def _journal_state(self, incident: Incident, action: ActionRecord) -> str:
-        current = self.store.get(incident.id).actions[action.seq].state
+    async def _journal_state(self, incident: Incident, action: ActionRecord) -> str:
+        current = (await asyncio.to_thread(self.store.get, incident.id)).actions[action.seq].state
         return current.value if current is not ActionState.PLANNED else ActionState.RUNNING.value
 
     async def _run_action(self, incident: Incident, action: ActionRecord, rc: RootCause) -> None:
@@ -1048,14 +1068,17 @@ class _StoreJournal:
         self.store = store
         self.incident_id = incident_id
 
-    def entries(self) -> list[Entry]:
-        actions = self.store.get(self.incident_id).actions
+    async def entries(self) -> list[Entry]:
+        actions = (await asyncio.to_thread(self.store.get, self.incident_id)).actions
         return [Entry(a.seq, a.name, a.state.value, dict(a.params), a.result) for a in actions]
 
-    def update(
+    async def update(
         self, seq: int, state: str, *, params: Mapping[str, Any] | None = None, result: Mapping[str, Any] | None = None
     ) -> None:
-        self.store.update_action(self.incident_id, seq, ActionState(state), params=params, result=result)
+        # Awaited before the action goes on: the step is on disk before the cluster changes.
+        await asyncio.to_thread(
+            self.store.update_action, self.incident_id, seq, ActionState(state), params=params, result=result
+        )
 
 
 class _SceneSource:

@@ -260,7 +260,8 @@ def _add_responder(agent: Agent, api_client: Any, producer: str, clock: Callable
     brain = agent.brain
     responder = Responder(
         agent.bus,
-        KubeOps(api),
+        # A connection for each incident handled at once (remediate.max_concurrent).
+        KubeOps(api, pool_maxsize=r.max_concurrent),
         store,
         policy,
         state,

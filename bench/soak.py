@@ -1,6 +1,7 @@
 """Soak: `trainmedic run --role all`'s brain and memory bus under sustained load (`make soak`).
 
-    python -m bench.soak [--minutes 3] [--lines-per-s 20000] [--faults-per-s 20] [--tracemalloc]
+    python -m bench.soak [--minutes 3] [--lines-per-s 20000] [--faults-per-s 20] [--bus memory|kafka]
+                         [--tracemalloc]
 
 The agent is built exactly as `trainmedic run --role all` builds it (agent/run.py `build_agent`:
 the memory bus, the brain, the loop-lag monitor; no Kubernetes API, so no watcher and no
@@ -13,12 +14,26 @@ responder), and a paced publisher in the same process feeds its bus as the watch
   watchdog timeout) in its first batch, is reported Failed (workload and pod) `--fail-after-s`
   later and deleted `--delete-after-s` after that, as a real cluster reports them.
 
+`--bus kafka` runs the same agent and the same paced load through a real Apache Kafka broker
+(KRaft, one JVM; tests/servers/kafka.py starts it from the jars `make kafka` caches), the agent's
+bus being `bus.kind: kafka` as a production brain has it. The broker's own memory is not the
+agent's: the RSS measured is this process's only. Its slope is `soak_rss_slope_mb_per_min`.
+
+`--responder` also runs the responder, as `--role all` builds it, in observe mode against the
+in-process API emulator (agent/demo/emulator.py, an empty cluster: the faulting jobs have no
+objects there, so each incident is opened, its scene gathered from what the API has, and closed
+`observed`). It adds `responder_incidents_per_s` (incidents that left `open` during the load, per
+second of load: at most the diagnoses' rate, not the responder's ceiling), `soak_incidents`,
+`soak_incidents_pending_end` (still `open` `--settle-s` after the load stopped) and
+`soak_incidents_degraded` (handled observe-only because the queue was full).
+
 Figures (one JSON object on stdout, and merged into bench/results.json with `--results`):
-`soak_minutes`, `soak_memory_bus_rss_slope_mb_per_min` (least squares over the RSS samples after
-`--warmup-s`), `soak_rss_start_mb`, `soak_rss_end_mb`, `soak_loop_lag_p99_ms` (the agent's own
-loop-lag monitor, after the warm-up), `soak_lines_per_s` (read by the brain), `soak_diagnoses`,
-`soak_jobs`, `soak_backlog_end` (records the bus held when the load stopped) and the
-`trainmedic_state_entries` gauges at the end (`soak_state_entries`), which must be flat.
+`soak_minutes`, `soak_bus`, `soak_memory_bus_rss_slope_mb_per_min` (least squares over the RSS
+samples after `--warmup-s`; `soak_rss_slope_mb_per_min` with `--bus kafka`), `soak_rss_start_mb`,
+`soak_rss_end_mb`, `soak_loop_lag_p99_ms` (the agent's own loop-lag monitor, after the warm-up),
+`soak_lines_per_s` (read by the brain), `soak_diagnoses`, `soak_jobs`, `soak_backlog_end` (records
+the bus held when the load stopped) and the `trainmedic_state_entries` gauges at the end
+(`soak_state_entries`), which must be flat.
 
 `--tracemalloc` takes a snapshot after the warm-up and one at the end and prints the top growing
 allocation sites and object types to stderr: where memory goes when the slope is not flat.
@@ -32,6 +47,7 @@ import gc
 import json
 import logging
 import os
+import sqlite3
 import statistics
 import sys
 import tempfile
@@ -198,7 +214,34 @@ def _types() -> Counter[str]:
     return Counter(type(o).__name__ for o in gc.get_objects())
 
 
-async def soak(args: argparse.Namespace) -> dict[str, Any]:
+def incident_counts(db: Path) -> Counter[str]:
+    """Incidents by status, and how many were handled observe-only for want of room (`degraded`)."""
+    if not db.exists():
+        return Counter()
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30)
+    try:
+        counts = Counter(
+            {str(k): int(n) for k, n in con.execute("SELECT status, count(*) FROM incidents GROUP BY status")}
+        )
+        (degraded,) = con.execute("SELECT count(*) FROM timeline WHERE kind = 'degraded'").fetchone()
+    finally:
+        con.close()
+    counts["degraded"] = int(degraded)
+    return counts
+
+
+async def soak(args: argparse.Namespace, bootstrap: str | None = None) -> dict[str, Any]:
+    if args.responder:
+        from agent.demo.emulator import KubeEmulator
+
+        async with KubeEmulator() as kube:
+            return await _soak(args, bootstrap, kube.api_client())
+    return await _soak(args, bootstrap, None)
+
+
+async def _soak(args: argparse.Namespace, bootstrap: str | None, api_client: Any) -> dict[str, Any]:
+    bus: dict[str, Any] = {"kind": "memory"} if bootstrap is None else {"kind": "kafka", "bootstrap": bootstrap}
+    responder = api_client is not None
     with tempfile.TemporaryDirectory(prefix="tm-soak-") as tmp:
         from agent.config import DetectSettings
 
@@ -207,17 +250,27 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
         settings = Settings.model_validate(
             {
                 "detect": detect,
+                "bus": bus,
                 "log_format": "text",
                 "log_level": "WARNING",
-                "kubernetes": {"enabled": False},
+                "kubernetes": {"enabled": responder},
                 "logs": {"enabled": False},
                 "kernel": {"source": "off"},
                 "metrics": {"nvml": False},
                 "api": {"enabled": False},
-                "remediate": {"enabled": False, "store": f"{tmp}/tm.db", "scene_dir": f"{tmp}/scenes"},
+                "remediate": {
+                    "enabled": responder,
+                    "mode": "observe",
+                    "stacks": False,
+                    "store": f"{tmp}/tm.db",
+                    "scene_dir": f"{tmp}/scenes",
+                },
             }
         )
-        agent = build_agent(settings, Role.ALL)
+        db = Path(tmp) / "tm.db"
+        agent = build_agent(settings, Role.ALL, api_client=api_client)
+        if responder and agent.responder is None:
+            raise SystemExit(f"--responder: the responder did not start: {agent.disabled.get('responder')}")
         brain = agent.brain
         assert brain is not None
         lag = getattr(agent, "lag", None)
@@ -263,6 +316,23 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
         seconds = args.minutes * 60
         await pub.run(seconds)
         sampler.cancel()
+        incidents: dict[str, Any] = {}
+        if responder:
+            during = await asyncio.to_thread(incident_counts, db)
+            settled = sum(n for k, n in during.items() if k not in ("open", "degraded"))
+            waited = 0.0
+            while waited < args.settle_s:  # the brain and the responder go on; the load has stopped
+                await asyncio.sleep(1.0)
+                waited += 1.0
+            after = await asyncio.to_thread(incident_counts, db)
+            incidents = {
+                "responder_incidents_per_s": round(settled / seconds, 2),
+                "soak_incidents": sum(n for k, n in after.items() if k != "degraded"),
+                "soak_incidents_pending_end": after.get("open", 0),
+                "soak_incidents_degraded": after.get("degraded", 0),
+                "soak_incidents_by_status": {k: n for k, n in sorted(after.items()) if k != "degraded"},
+                "soak_settle_s": args.settle_s,
+            }
         lines_in = lines_read()
         stats = agent.bus.stats() if hasattr(agent.bus, "stats") else {}
         backlog = {topic: s["records"] for topic, s in stats.items() if s["records"]}
@@ -281,6 +351,7 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
         agent.stop.set()
         await asyncio.wait_for(runner, 60)
         measured = [p for p in samples if p[0] >= args.warmup_s]
+        slope_key = "soak_rss_slope_mb_per_min" if bootstrap else "soak_memory_bus_rss_slope_mb_per_min"
         elapsed = max(1e-9, seconds - t_warm)
         return {
             "soak_minutes": args.minutes,
@@ -291,13 +362,15 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
             "soak_lines_read": lines_in,
             "soak_jobs": pub.jobs,
             "soak_diagnoses": brain.diagnoses_published,
-            "soak_memory_bus_rss_slope_mb_per_min": round(slope_per_min(measured), 2),
+            "soak_bus": bus["kind"],
+            slope_key: round(slope_per_min(measured), 2),
             "soak_rss_start_mb": round(measured[0][1], 1) if measured else None,
             "soak_rss_end_mb": round(samples[-1][1], 1) if samples else None,
             "soak_loop_lag_p99_ms": round(percentile(lags, 0.99) * 1000, 1),
             "soak_loop_lag_max_ms": round(max(lags, default=0.0) * 1000, 1),
             "soak_backlog_end": backlog,
             "soak_state_entries": state,
+            **incidents,
             "soak_load_1m": round(os.getloadavg()[0], 2),
             "soak_cpus": os.cpu_count(),
         }
@@ -313,9 +386,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup-s", type=float, default=300.0)
     p.add_argument("--job-grace-s", type=float, default=120.0, help="detect.job_grace_s of the agent")
     p.add_argument("--sample-s", type=float, default=5.0)
+    p.add_argument("--bus", choices=("memory", "kafka"), default="memory", help="the agent's bus.kind")
+    p.add_argument("--responder", action="store_true", help="run the responder (observe mode, API emulator)")
+    p.add_argument("--settle-s", type=float, default=60.0, help="with --responder: wait after the load")
     p.add_argument("--tracemalloc", action="store_true")
     p.add_argument("--results", type=Path, default=None, help="merge the figures into this JSON file")
     return p.parse_args(argv)
+
+
+def _with_kafka(args: argparse.Namespace) -> dict[str, Any]:
+    """The soak against a real Apache Kafka broker started for it (and stopped after)."""
+    tests = str(ROOT / "tests")
+    if tests not in sys.path:
+        sys.path.insert(0, tests)
+    from servers.kafka import KafkaBroker, missing
+
+    why = missing()
+    if why is not None:
+        raise SystemExit(f"--bus kafka: {why} (run `make kafka`)")
+    with KafkaBroker() as broker:
+        return asyncio.run(soak(args, broker.bootstrap))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -323,7 +413,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.tracemalloc:
         tracemalloc.start(1)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
-    out = asyncio.run(soak(args))
+    out = _with_kafka(args) if args.bus == "kafka" else asyncio.run(soak(args))
     print(json.dumps(out, indent=2))
     if args.results is not None:
         results = json.loads(args.results.read_text()) if args.results.exists() else {}

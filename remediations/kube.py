@@ -443,7 +443,7 @@ class QuarantineResult:
 # The operations
 
 
-def own_client(api: Any) -> Any:
+def own_client(api: Any, pool_maxsize: int | None = None) -> Any:
     """An ApiClient made from the caller's configuration (credentials, TLS, proxy, token refresh hook)
     with its own connection pool and a retry policy that leaves HTTP statuses to the caller (KubeOps,
     the watchers' reflectors): urllib3's
@@ -451,6 +451,10 @@ def own_client(api: Any) -> Any:
     the server says, invisible to the loop clock) and retries behind our back. Connection attempts
     are still retried at once (twice); a read is never repeated by urllib3 (a PATCH must not be)."""
     cfg = copy.deepcopy(api.configuration)
+    if pool_maxsize is not None:
+        # One connection per call in flight at once (`pool_maxsize`), never fewer than the
+        # configuration's own: past the pool, urllib3 opens and drops a connection per request.
+        cfg.connection_pool_maxsize = max(pool_maxsize, cfg.connection_pool_maxsize or 0)
     cfg.retries = urllib3.util.Retry(
         total=3,
         connect=2,
@@ -473,7 +477,8 @@ class KubeOps:
     `attempts` bounds the tries of one call on temporary errors (and the re-reads after 409 on our own
     writes); the wait between tries is `base_delay * 2**n` capped at `max_delay`, less up to `jitter`
     of it at random, or the server's Retry-After (capped at `retry_after_max`) when it sent one.
-    `request_timeout` is the (connect, read) timeout of every request.
+    `request_timeout` is the (connect, read) timeout of every request. `pool_maxsize` sizes the
+    connection pool to the calls made at once (the responder's `remediate.max_concurrent`).
     """
 
     def __init__(
@@ -489,12 +494,13 @@ class KubeOps:
         page_size: int = 500,
         rng: random.Random | None = None,
         sleep: Callable[[float], Awaitable[None]] | None = None,
+        pool_maxsize: int | None = None,
     ) -> None:
         if attempts < 1:
             raise ValueError("attempts must be at least 1")
         if not 0.0 <= jitter <= 1.0:
             raise ValueError("jitter is a fraction of the delay, from 0 to 1")
-        self.api = own_client(api_client)
+        self.api = own_client(api_client, pool_maxsize)
         self.attempts = attempts
         self.base_delay = base_delay
         self.max_delay = max_delay

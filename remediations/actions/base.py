@@ -36,14 +36,15 @@ class Entry:
 class Journal(Protocol):
     incident_id: str
 
-    def entries(self) -> list[Entry]:
+    async def entries(self) -> list[Entry]:
         """Every action of the incident, read now."""
         ...
 
-    def update(
+    async def update(
         self, seq: int, state: str, *, params: Mapping[str, Any] | None = None, result: Mapping[str, Any] | None = None
     ) -> None:
-        """Record a step (journal first: called before the cluster changes)."""
+        """Record a step (journal first: awaited before the cluster changes; the store is written
+        off the event loop, and the step is on disk when the await returns)."""
         ...
 
 
@@ -120,8 +121,8 @@ class ActionCall:
     def seq(self) -> int:
         return self.entry.seq
 
-    def state(self) -> str:
-        return next(e.state for e in self.journal.entries() if e.seq == self.seq)
+    async def state(self) -> str:
+        return next(e.state for e in (await self.journal.entries()) if e.seq == self.seq)
 
 
 @dataclass(frozen=True)

@@ -85,9 +85,9 @@ async def _take(call: ActionCall) -> dict[str, Any]:
 
 async def run(call: ActionCall) -> None:
     if call.job is None:
-        call.journal.update(call.seq, "skipped", result={"reason": "the incident has no workload"})
+        await call.journal.update(call.seq, "skipped", result={"reason": "the incident has no workload"})
         return
-    call.journal.update(call.seq, "running")
+    await call.journal.update(call.seq, "running")
     try:
         result = await _take(call)
     except asyncio.CancelledError:
@@ -95,7 +95,7 @@ async def run(call: ActionCall) -> None:
     except Exception as e:  # noqa: BLE001 - evidence is best effort: it never holds the restart back
         log.warning("incident %s: stacks not taken: %s: %s", call.incident_id, type(e).__name__, e)
         result = {"reason": f"stacks not taken: {type(e).__name__}: {e}"}
-    call.journal.update(call.seq, "done" if result.get("dumped") else "skipped", result=result)
+    await call.journal.update(call.seq, "done" if result.get("dumped") else "skipped", result=result)
 
 
 ACTION = ActionDef(

@@ -10,7 +10,7 @@ TOPIC = "trainmedic.incidents"
 
 
 async def run(call: ActionCall) -> None:
-    call.journal.update(call.seq, "done", result={"published": TOPIC})
+    await call.journal.update(call.seq, "done", result={"published": TOPIC})
 
 
 ACTION = ActionDef(

@@ -76,9 +76,9 @@ async def run(call: ActionCall) -> None:
     rt, rc = call.runtime, call.rc
     node = call.entry.params.get("node") or rc.node
     if not node:
-        call.journal.update(call.seq, "skipped", result={"reason": "the fault is not localised to a node"})
+        await call.journal.update(call.seq, "skipped", result={"reason": "the fault is not localised to a node"})
         return
-    call.journal.update(call.seq, "running", params=dict(call.entry.params, node=node))
+    await call.journal.update(call.seq, "running", params=dict(call.entry.params, node=node))
     nodes = await rt.kube.list_nodes()
     pool, pool_size = rt.policy.pool_of(node, nodes)
     quarantined = rt.policy.pool_quarantined(node, nodes)
@@ -102,7 +102,7 @@ async def run(call: ActionCall) -> None:
         rt.policy.release_quarantine(node, ctx, rt.policy_state)
         raise
     rt.policy.commit_quarantine(node, ctx, rt.policy_state, incident_id=call.incident_id)
-    call.journal.update(
+    await call.journal.update(
         call.seq, "done", result={"node": node, "changed": result.changed, "already_by": result.already_by}
     )
     if node not in quarantined:

@@ -85,14 +85,14 @@ async def run(call: ActionCall) -> None:
     rt, rc, job = call.runtime, call.rc, call.job
     params = dict(call.entry.params)
     if job is None:
-        call.journal.update(call.seq, "skipped", result={"reason": "the incident has no workload"})
+        await call.journal.update(call.seq, "skipped", result={"reason": "the incident has no workload"})
         return
     if call.entry.name == "raise_memory_limit" and any(
-        e.name == "restart_from_checkpoint" and e.seq != call.seq for e in call.journal.entries()
+        e.name == "restart_from_checkpoint" and e.seq != call.seq for e in (await call.journal.entries())
     ):
-        call.journal.update(call.seq, "skipped", result={"reason": "applied by the restart action"})
+        await call.journal.update(call.seq, "skipped", result={"reason": "applied by the restart action"})
         return
-    state = call.state()
+    state = await call.state()
     if state in ("planned", "running") or params.get("body") is None:
         live = await rt.find_workload(job)
         if live is None:
@@ -101,7 +101,7 @@ async def run(call: ActionCall) -> None:
                 f"workload {job.namespace}/{job.name} not found; nothing was deleted and nothing recreated"
             )
         if annotation(live, ANN_INCIDENT) == call.incident_id:
-            call.journal.update(call.seq, "done", result=restart_result(live))
+            await call.journal.update(call.seq, "done", result=restart_result(live))
             rt.drop_body(params)
             return
         planned_for = params.get("identity")
@@ -134,7 +134,7 @@ async def run(call: ActionCall) -> None:
             **resume,
         )
         params["deleting_since"] = rt.clock()
-        call.journal.update(call.seq, "deleting", params=params)
+        await call.journal.update(call.seq, "deleting", params=params)
         state = "deleting"
     if state == "deleting":
         # Again after a crash (the journal said deleting, the delete may not have been sent):
@@ -157,7 +157,7 @@ async def run(call: ActionCall) -> None:
         )
         if not gone:
             _still_terminating(call, params, job)
-        call.journal.update(call.seq, "creating")
+        await call.journal.update(call.seq, "creating")
     try:
         # Our own create may have landed before a crash: then the body is not needed again.
         mine = await rt.kube.get_workload(params["api_version"], params["kind"], job.namespace, job.name)
@@ -176,14 +176,14 @@ async def run(call: ActionCall) -> None:
             created = existing  # our own journalled create landed before: success
         elif (existing.get("metadata") or {}).get("uid") == params.get("uid"):
             # The original is still there (terminating): back to waiting for it to go.
-            call.journal.update(call.seq, "deleting")
+            await call.journal.update(call.seq, "deleting")
             _still_terminating(call, params, job)
         else:
             raise PermanentKubeError(
                 f"{params['kind']} {job.namespace}/{job.name} was recreated by someone else meanwhile; left as it is"
             ) from None
     rt.policy.commit_restart(rt.policy_context(call.incident_id, rc), rt.policy_state, incident_id=call.incident_id)
-    call.journal.update(call.seq, "done", result=restart_result(created))
+    await call.journal.update(call.seq, "done", result=restart_result(created))
     rt.drop_body(params)
     log.info(
         "incident %s: %s %s/%s recreated from %s, excluding %s",

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import itertools
+import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -236,6 +237,12 @@ class CrashingStore(IncidentStore):
     records one state of an action: `crash_at` = ("before" | "after", state)."""
 
     crash_at: tuple[str, str] | None = None
+    # Every journal write as (state, thread it ran in): the responder writes it off the loop's thread.
+    writes: list[tuple[str, int]]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.writes = []
 
     def update_action(
         self,
@@ -246,6 +253,7 @@ class CrashingStore(IncidentStore):
         params: Mapping[str, Any] | None = None,
         result: Mapping[str, Any] | None = None,
     ) -> None:
+        self.writes.append((state.value, threading.get_ident()))
         where = self.crash_at
         if where == ("before", state.value):
             self.crash_at = None

@@ -632,3 +632,19 @@ async def test_a_server_back_during_the_backoff_is_used_at_the_next_attempt(
     await task
     assert node is not None
     assert loop.time() - t0 == pytest.approx(3.0, abs=0.05)
+
+
+@pytest.mark.parametrize(
+    ("configured", "wanted", "pool"),
+    [(4, 16, 16), (64, 16, 64), (4, None, 4), (10, 200, 200)],
+    ids=["grown-to-the-bound", "never-shrunk", "left-alone", "a-large-bound"],
+)
+async def test_the_connection_pool_is_sized_to_the_calls_made_at_once(
+    kube: KubeEmulator, configured: int, wanted: int | None, pool: int
+) -> None:
+    ops = KubeOps(kube.api_client(pool_maxsize=configured), pool_maxsize=wanted)
+    try:
+        assert ops.api.configuration.connection_pool_maxsize == pool
+        assert ops.api.rest_client.pool_manager.connection_pool_kw["maxsize"] == pool
+    finally:
+        ops.close()
