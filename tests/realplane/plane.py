@@ -282,6 +282,25 @@ async def clean(plane: KubePlane) -> None:
             left[:] = [f"pod {p['metadata']['name']}" for p in pods] + [f"job {j['metadata']['name']}" for j in jobs]
             for n in plane.nodes:
                 node = plane.node(n.name)
+                if plane.node_ready(n.name) and not (node.get("status") or {}).get("addresses"):
+                    # KWOK's stock stages do not post a revived node's addresses again, as a real
+                    # kubelet does on start; without them the API server cannot reach its logs.
+                    gone_ok(
+                        plane,
+                        "PATCH",
+                        f"/api/v1/nodes/{n.name}/status",
+                        {
+                            "status": {
+                                "addresses": [
+                                    {"type": "InternalIP", "address": "127.0.0.1"},
+                                    {"type": "Hostname", "address": n.name},
+                                ]
+                            }
+                        },
+                        content_type="application/merge-patch+json",
+                    )
+                    left.append(f"node {n.name}: addresses posted again")
+                    continue
                 if not plane.node_ready(n.name) or node["spec"].get("taints") or node["spec"].get("unschedulable"):
                     left.append(f"node {n.name}: {node['spec']} {(node.get('status') or {}).get('conditions')}")
             return not left
