@@ -328,7 +328,7 @@ def _diagnose_scene(scene_dir: Path, engine: Engine) -> Diagnosis:
     attributed it live: kernel lines to their node, core/v1 events and pod statuses rendered as the
     canonical lines the rules match, container logs to their pod, namespace, node and rank."""
     from agent.jobindex import rank_of
-    from agent.watchers.k8s import k8s_event, k8s_event_line, pod_digest, pod_status_lines
+    from agent.watchers.k8s import k8s_event, k8s_event_line, pod_status_input
     from detectors.diagnose import LogInput, diagnose_inputs
     from remediations.scene import load_scene
     from trainmedic.models import Source
@@ -354,21 +354,10 @@ def _diagnose_scene(scene_dir: Path, engine: Engine) -> Diagnosis:
         by_node.setdefault(ev.node, []).append(k8s_event_line(ev))
     for node, lines in by_node.items():
         inputs.append(LogInput(name="events", text="\n".join(lines).encode(), source=Source.K8S_EVENT, node=node))
-    for name, pod in sorted(pods.items()):
-        status = pod_digest(pod).status()
-        lines = pod_status_lines(status)
-        if lines:
-            inputs.append(
-                LogInput(
-                    name=f"pod/{status.namespace}/{status.pod}",
-                    text="\n".join(lines).encode(),
-                    source=Source.POD_STATUS,
-                    node=status.node,
-                    pod=name,
-                    namespace=status.namespace,
-                    rank=status.rank,
-                )
-            )
+    for _, pod in sorted(pods.items()):
+        pod_input = pod_status_input(pod)
+        if pod_input is not None:
+            inputs.append(pod_input)
     for log in logs:
         if log.source is not Source.CONTAINER_LOG:
             continue

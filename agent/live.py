@@ -37,8 +37,7 @@ from agent.watchers.k8s import (
     k8s_event_line,
     node_status,
     node_status_lines,
-    pod_digest,
-    pod_status_lines,
+    pod_status_input,
     workload_status,
     workload_status_lines,
 )
@@ -193,20 +192,9 @@ class JobScene:
                     LogInput(name="events", text="\n".join(lines).encode(), source=Source.K8S_EVENT, node=node)
                 )
         for pod in sorted(self.pods, key=_pod_name):
-            status = pod_digest(pod).status()
-            lines = pod_status_lines(status)
-            if lines:
-                inputs.append(
-                    LogInput(
-                        name=f"pod/{status.namespace}/{status.pod}",
-                        text="\n".join(lines).encode(),
-                        source=Source.POD_STATUS,
-                        node=status.node,
-                        pod=status.pod,
-                        namespace=status.namespace,
-                        rank=status.rank,
-                    )
-                )
+            pod_input = pod_status_input(pod)
+            if pod_input is not None:
+                inputs.append(pod_input)
         pods = {_pod_name(p): p for p in self.pods}
         for (pod_name, container, previous), text in sorted(self.logs.items()):
             if not text:

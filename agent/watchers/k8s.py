@@ -67,7 +67,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Generic, Literal, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Literal, ParamSpec, TypeVar
 
 import urllib3.exceptions
 import urllib3.util
@@ -89,7 +89,11 @@ from trainmedic.events import (
     WorkloadStatus,
     make_event,
 )
+from trainmedic.models import Source
 from udal.registry import detect_chip, load_plugins
+
+if TYPE_CHECKING:
+    from detectors.diagnose import LogInput
 
 log = logging.getLogger("trainmedic.watchers.k8s")
 
@@ -521,6 +525,26 @@ NODE_LIFECYCLE_TAINTS = (
     "node.kubernetes.io/out-of-service",
     "node.kubernetes.io/network-unavailable",
 )
+
+
+def pod_status_input(pod: Mapping[str, Any]) -> LogInput | None:
+    """A pod object's status as one attributed diagnose input (its canonical lines, its pod,
+    namespace, node and rank), or None when the status says nothing the rules read."""
+    from detectors.diagnose import LogInput
+
+    status = pod_digest(pod).status()
+    lines = pod_status_lines(status)
+    if not lines:
+        return None
+    return LogInput(
+        name=f"pod/{status.namespace}/{status.pod}",
+        text="\n".join(lines).encode(),
+        source=Source.POD_STATUS,
+        node=status.node,
+        pod=status.pod,
+        namespace=status.namespace,
+        rank=status.rank,
+    )
 
 
 def node_unhealthy(n: NodeStatus) -> bool:
