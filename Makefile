@@ -1,5 +1,5 @@
 # One entry point for every check, the same locally and in CI (.ci/run calls `make test`).
-#   make demo    four faults detected and healed on an emulated cluster (installs what it needs)
+#   make demo    six faults detected, healed or notified, on an emulated cluster (installs what it needs)
 #   make test    lint (ruff), types (mypy --strict), then the test suite (against real servers:
 #                Prometheus and Alertmanager from Debian, Apache Kafka from Maven Central, tansu)
 #   make kafka   Apache Kafka's jars for the bus tests, once per version (make test does it)
