@@ -107,7 +107,8 @@ test: check servers kafka cluster helm
 	$(PY) -m pytest -q
 
 # The whole loop on an emulated cluster (kmock, installed with the test extras): Xid 79, CUDA OOM,
-# HCCL init failure and a hang, each detected, its scene saved, healed, notified and reported.
+# HCCL init failure, a hang, a lost node and an application error, each detected, its scene saved,
+# healed or notified, and reported.
 demo: venv
 	$(VENV)/bin/trainmedic demo --fault all
 
