@@ -477,3 +477,30 @@ async def test_action_example_runs_against_a_journal(
     calls = runtime.calls
     await action.run(ActionCall(journal, journal.rows[0], root_cause(), job, runtime))  # type: ignore[arg-type]
     assert runtime.calls == calls and journal.rows[0].result == result
+
+
+# ------------------------------------------------------------------------------------------------
+# The README's example
+
+
+def test_readme_diagnose_example_is_real_output(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every line the README shows of `trainmedic diagnose` is what the command prints now (a line
+    cut short with `...` is a prefix of the real one)."""
+    from agent.cli import main
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    m = re.search(r"```console\n\$ trainmedic (diagnose [^\n]+)\n(.*?)```", readme, re.S)
+    assert m, "README.md lost its diagnose example"
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setenv("TRAINMEDIC_LANG", "en")
+    assert main([*m.group(1).split(), "--lang", "en"]) == 0
+    real = capsys.readouterr().out.splitlines()
+    shown = [line for line in m.group(2).splitlines() if line.strip()]
+    assert len(shown) >= 8
+    for line in shown:
+        if line.endswith("..."):
+            assert any(r.startswith(line[:-3]) for r in real), f"not the start of any output line: {line}"
+        else:
+            assert line in real, f"not in the output: {line}"
