@@ -504,3 +504,35 @@ def test_readme_diagnose_example_is_real_output(
             assert any(r.startswith(line[:-3]) for r in real), f"not the start of any output line: {line}"
         else:
             assert line in real, f"not in the output: {line}"
+
+
+# ------------------------------------------------------------------------------------------------
+# Worked example: a progress marker (docs/rules.md)
+
+
+@pytest.mark.parametrize("with_shipped", [False, True], ids=["alone", "beside-the-shipped"])
+def test_progress_marker_example_loads_and_reads_the_step(tmp_path: Path, with_shipped: bool) -> None:
+    from detectors.hang_markers import load_markers
+    from detectors.hang_schema import MARKERS_FILE
+
+    entry = example(DOCS / "rules.md", "progress-marker-example")
+    text = MARKERS_FILE.read_text(encoding="utf-8").rstrip("\n") + "\n" if with_shipped else "version: 1\nmarkers:\n"
+    f = tmp_path / "progress.yaml"
+    f.write_text(text + entry, encoding="utf-8")
+    markers = load_markers(f)
+    assert "site.trainloop_step" in markers.origins
+    hits = [h for _, _, hs in markers.matcher.scan(["[rank3]: [trainloop] b=4242 ce=2.011 tok/s=50110"]) for h in hs]
+    assert [(h.marker_id, h.step) for h in hits] == [("site.trainloop_step", 4242)]
+    assert not markers.matcher.scan(["[trainloop] b=4242 eval_ce=2.402"])
+
+
+def test_progress_marker_example_refused_when_broken(tmp_path: Path) -> None:
+    from detectors.hang_markers import load_markers
+    from trainmedic.errors import RuleLoadError
+
+    entry = example(DOCS / "rules.md", "progress-marker-example").replace("step: 1200", "step: 1300")
+    f = tmp_path / "progress.yaml"
+    f.write_text("version: 1\nmarkers:\n" + entry, encoding="utf-8")
+    with pytest.raises(RuleLoadError) as e:
+        load_markers(f)
+    assert any("site.trainloop_step" in str(p) or "1300" in str(p) for p in e.value.problems)
