@@ -756,6 +756,8 @@ def mount_console(
 
         def run() -> Incident:
             incident = find(s, link.incident_id)
+            if s.link_used(link.nonce):
+                raise Refusal(410, "link_used")
             try:
                 return s.approve(
                     incident.id,
