@@ -176,8 +176,9 @@ async def test_incident_page_and_approve_through_the_ui(console: Console) -> Non
     await console.page.wait_for_url(f"**/console/incidents/{PENDING}")
     assert await console.page.is_visible("#outcome")
     assert "GPU has fallen off the bus" in await console.page.inner_text("#evidence")
+    # The report, framed: the same page `trainmedic report` writes, under the session's auth.
     frame = console.page.frame_locator("#report iframe")
-    await frame.locator("body").wait_for()
+    await frame.locator(f"text={PENDING}").first.wait_for()
     await console.page.fill("#approve-form input[name=comment]", "go ahead")
     await console.page.click("#approve")
     await console.page.wait_for_url("**done=approved")
