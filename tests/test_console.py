@@ -660,3 +660,37 @@ async def test_console_can_be_turned_off(store: IncidentStore) -> None:
     async with client(make_app(store, ApiSettings(token=TOKEN, console=False))) as c:
         r = await c.get("/console/login")
     assert r.status_code == 404
+
+
+@pytest.mark.parametrize(("status", "approve_link"), [("awaiting_approval", True), ("blocked", False)])
+@pytest.mark.asyncio
+async def test_the_notifier_queues_notices_with_the_console_links(
+    store: IncidentStore, pending: str, tmp_path: Path, status: str, approve_link: bool
+) -> None:
+    """`trainmedic run` builds its notifier with api settings: the queued notice links the incident's
+    page and, while a plan awaits approval, carries an approve link that this console accepts."""
+    import time
+
+    from agent.config import NotifySettings
+    from agent.notify import build_notifier
+    from trainmedic.events import IncidentEvent, JobRef, make_event
+
+    settings = NotifySettings.model_validate({"sinks": [{"kind": "slack", "url": "http://127.0.0.1:9/hook"}]})
+    notifier = build_notifier(
+        settings, store_path=str(tmp_path / "outbox.db"), store=None, telemetry=Telemetry(), api=PUBLIC, env={}
+    )
+    assert notifier is not None
+    try:
+        payload = IncidentEvent(incident_id=pending, status=status, job=JobRef(namespace="train", name="llama"))
+        await notifier.enqueue(make_event(payload, producer="test", at=time.time()))
+        (item,) = notifier.outbox.due("slack", now=time.time() + 1, limit=10)
+    finally:
+        await notifier.aclose()
+        notifier.outbox.close()
+    notice = item.notice
+    assert notice.incident_url == f"https://trainmedic.example/console/incidents/{pending}"
+    assert (notice.approve_url is not None) is approve_link
+    if notice.approve_url is not None:
+        async with client(make_app(store, PUBLIC)) as c:
+            page = await c.get(notice.approve_url.removeprefix("https://trainmedic.example"))
+        assert page.status_code == 200 and 'id="confirm-form"' in page.text
