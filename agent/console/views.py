@@ -28,15 +28,27 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
 from fastapi import APIRouter, FastAPI, Request
-from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
-from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 
 from agent.config import ApiSettings
+from agent.console import parts
+from agent.console.pages import (
+    HEADERS,
+    LABELS,
+    PREFIX,
+    REPORT_CSP,
+    STATIC,
+    Refusal,
+    lang_of,
+    page,
+    redirect,
+    refusal_page,
+    secure_cookie,
+)
 from agent.console.security import (
     MAX_NAME_CHARS,
     SESSION_COOKIE,
@@ -47,85 +59,18 @@ from agent.console.security import (
     console_key,
 )
 from agent.store import LIST_FILTERS, Incident, IncidentStatus, IncidentStore, LinkUsedError, StoreError
-from reports.notice import ACTION_STATE_TEXT, FAULT_TEXT, STATUS_TEXT, clean_text, label
-from trainmedic.datafile import load_yaml
+from reports.notice import STATUS_TEXT, clean_text, label
 
 log = logging.getLogger("trainmedic.console")
 
-PREFIX = "/console"
 PAGE_SIZE = 50
 MAX_PAGE = 10_000
 MAX_EVIDENCE = 20
 MAX_SCENE_FILES = 300
 MAX_FILTER_CHARS = 253
-LANG_COOKIE = "trainmedic_lang"
 # (node, incident id) -> True when released, False when the node was not quarantined.
 ReleaseNode = Callable[[str, str], Awaitable[bool]]
 Render = Callable[[str, str, str], str]
-
-_HERE = Path(__file__).parent
-_STATIC = {
-    "console.css": ("text/css; charset=utf-8", _HERE / "static" / "console.css"),
-    "console.js": ("text/javascript; charset=utf-8", _HERE / "static" / "console.js"),
-}
-_CSP = (
-    "default-src 'none'; style-src 'self'; script-src 'self'; img-src 'self' data:; connect-src 'self'; "
-    "frame-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
-)
-# The report is a self-contained page with its own inline style and no script.
-_REPORT_CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:; frame-ancestors 'self'; base-uri 'none'"
-_HEADERS = {
-    "Cache-Control": "no-store",
-    "X-Content-Type-Options": "nosniff",
-    # Links carry signed tokens: never send a console URL to another site.
-    "Referrer-Policy": "no-referrer",
-}
-
-
-def _labels() -> dict[str, dict[str, str]]:
-    data = load_yaml((_HERE / "labels.yaml").read_text(encoding="utf-8"))
-    return {lang: {str(k): str(v) for k, v in data[lang].items()} for lang in ("en", "zh")}
-
-
-LABELS = _labels()
-
-_env = Environment(
-    loader=PackageLoader("agent.console", "templates"),
-    undefined=StrictUndefined,
-    autoescape=select_autoescape(default=True, default_for_string=True),
-    trim_blocks=True,
-    lstrip_blocks=True,
-)
-
-
-def when(t: float | None) -> str:
-    if t is None:
-        return "-"
-    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%d %H:%M:%S")
-
-
-_env.filters["when"] = when
-
-
-def _size(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024  # type: ignore[assignment]
-    return str(n)
-
-
-_env.filters["size"] = _size
-
-
-class Refusal(Exception):
-    """A console request answered with a page other than the one asked for."""
-
-    def __init__(self, http: int, key: str, /, **fmt: Any) -> None:
-        super().__init__(key)
-        self.status = http
-        self.key = key
-        self.fmt = fmt
 
 
 class _LoginFirst(Exception):
@@ -198,63 +143,8 @@ class Console:
         return self.store
 
 
-def _lang(request: Request) -> str:
-    asked = request.query_params.get("lang") or request.cookies.get(LANG_COOKIE)
-    if asked in ("en", "zh"):
-        return asked
-    return "zh" if request.headers.get("accept-language", "").lower().startswith("zh") else "en"
-
-
 def _secure(request: Request, settings: ApiSettings) -> bool:
     return request.url.scheme == "https" or (settings.public_url or "").startswith("https:")
-
-
-def _page(request: Request, template: str, status: int = 200, *, csp: str = _CSP, **ctx: Any) -> HTMLResponse:
-    lang = ctx.pop("lang", None) or _lang(request)
-    words = LABELS[lang]
-
-    def t(key: str, **fmt: Any) -> str:
-        text = words[key]
-        return text.format(**fmt) if fmt else text
-
-    def status_label(value: str | None) -> str:
-        return label(STATUS_TEXT, value, lang)
-
-    def fault_label(value: str | None) -> str:
-        return label(FAULT_TEXT, value, lang)
-
-    def state_label(value: str | None) -> str:
-        return label(ACTION_STATE_TEXT, value, lang)
-
-    other = "en" if lang == "zh" else "zh"
-    query = dict(request.query_params)
-    query["lang"] = other
-    html = _env.get_template(template).render(
-        t=t,
-        lang=lang,
-        switch_url=f"{request.url.path}?{urlencode(query)}",
-        status_label=status_label,
-        fault_label=fault_label,
-        state_label=state_label,
-        prefix=PREFIX,
-        viewer=ctx.pop("viewer", None),
-        csrf=ctx.pop("csrf", ""),
-        **ctx,
-    )
-    response = HTMLResponse(html, status_code=status, headers={**_HEADERS, "Content-Security-Policy": csp})
-    if request.query_params.get("lang") in ("en", "zh"):
-        response.set_cookie(LANG_COOKIE, lang, max_age=365 * 86_400, path=PREFIX, samesite="strict")
-    return response
-
-
-def _refusal_page(request: Request, exc: Refusal) -> HTMLResponse:
-    lang = _lang(request)
-    message = LABELS[lang][exc.key].format(**exc.fmt) if exc.fmt else LABELS[lang][exc.key]
-    return _page(request, "message.html.j2", exc.status, title=LABELS[lang]["error"], message=message, ok=False)
-
-
-def _redirect(url: str) -> RedirectResponse:
-    return RedirectResponse(url, status_code=303, headers=dict(_HEADERS))
 
 
 def _safe_next(target: str | None) -> str:
@@ -275,121 +165,6 @@ def _parse_time(raw: str | None) -> float | None:
     if dt.tzinfo is None:
         dt = dt.replace(tzinfo=UTC)
     return dt.timestamp()
-
-
-# -- the incident page's parts -----------------------------------------------------------------------
-
-
-def _redacted(value: Any) -> Any:
-    from remediations.scene import redact_object
-
-    return redact_object(value)
-
-
-def _summary(incident: Incident, lang: str) -> tuple[str | None, str | None]:
-    rc = incident.diagnosis.get("root_cause") if isinstance(incident.diagnosis, Mapping) else None
-    if not isinstance(rc, Mapping):
-        return None, None
-
-    def text(name: str) -> str | None:
-        value = rc.get(name)
-        if isinstance(value, Mapping):
-            chosen = value.get(lang) or value.get("en")
-            return clean_text(str(chosen)) if chosen else None
-        return None
-
-    return text("summary"), text("hint")
-
-
-def _evidence(incident: Incident) -> list[dict[str, Any]]:
-    findings = incident.diagnosis.get("findings") if isinstance(incident.diagnosis, Mapping) else None
-    out = []
-    for f in (findings or [])[:MAX_EVIDENCE]:
-        if not isinstance(f, Mapping):
-            continue
-        place = " ".join(f"{k}={f[k]}" for k in ("node", "device", "rank") if f.get(k) is not None and f.get(k) != "")
-        out.append(
-            {
-                "where": f"{f.get('file') or '-'}:{f.get('line_no') or '-'}",
-                "place": place,
-                "rule": str(f.get("rule_id") or "-"),
-                "code": str(f.get("code") or "-"),
-                "text": clean_text(str(_redacted(str(f.get("text") or ""))), 2000),
-            }
-        )
-    return out
-
-
-def _scene_files(scene_dir: str | None) -> tuple[str, list[dict[str, Any]]]:
-    """("none" | "unreadable" | "ok", [{path, size}]) for the scene bundle (names and sizes only)."""
-    if not scene_dir:
-        return "none", []
-    root = Path(scene_dir)
-    if not root.is_dir():
-        return "unreadable", []
-    files: list[dict[str, Any]] = []
-    try:
-        for dirpath, dirnames, filenames in os.walk(root):
-            dirnames.sort()
-            for name in sorted(filenames):
-                p = Path(dirpath) / name
-                try:
-                    size = p.stat().st_size
-                except OSError:
-                    continue
-                files.append({"path": str(p.relative_to(root)), "size": size})
-                if len(files) >= MAX_SCENE_FILES:
-                    return "ok", files
-    except OSError:
-        return "unreadable", files
-    return "ok", files
-
-
-def _actions(incident: Incident) -> list[dict[str, Any]]:
-    out = []
-    for a in incident.actions:
-        params = _redacted(a.params or {})
-        result = _redacted(a.result or {})
-        out.append(
-            {
-                "seq": a.seq,
-                "name": a.name,
-                "state": a.state.value,
-                "params": _flat(params),
-                "result": _flat(result),
-                "started": a.started,
-                "finished": a.finished,
-            }
-        )
-    return out
-
-
-def _flat(value: Any, limit: int = 400) -> str:
-    """A short one-line rendering of an action's params or result (already redacted)."""
-    if not value:
-        return ""
-    if isinstance(value, Mapping):
-        text = ", ".join(f"{k}={_flat(v, 120) if isinstance(v, Mapping | list) else v}" for k, v in value.items())
-    elif isinstance(value, list):
-        text = ", ".join(str(x) for x in value)
-    else:
-        text = str(value)
-    return clean_text(text, limit)
-
-
-def _quarantined_node(incident: Incident, timeline: list[dict[str, Any]]) -> str | None:
-    """The node this incident quarantined and nobody released yet (the console's release button)."""
-    released = {str(e["detail"].get("node")) for e in timeline if e["kind"] == "node_released"}
-    for a in incident.actions:
-        if a.name == "quarantine_node" and a.state.value == "done":
-            node = str((a.params or {}).get("node") or incident.node or "")
-            if node and node not in released:
-                return node
-    return None
-
-
-def _timeline(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [{"t": e["t"], "kind": e["kind"], "detail": _flat(_redacted(e["detail"]), 300)} for e in entries]
 
 
 # -- the routes ------------------------------------------------------------------------------------
@@ -431,14 +206,14 @@ def mount_console(
     @app.exception_handler(Refusal)
     async def _refused(request: Request, exc: Refusal) -> Response:
         if request.url.path == f"{PREFIX}/changes":
-            return JSONResponse({"error": exc.key}, status_code=exc.status, headers=dict(_HEADERS))
-        return _refusal_page(request, exc)
+            return JSONResponse({"error": exc.key}, status_code=exc.status, headers=dict(HEADERS))
+        return refusal_page(request, exc)
 
     @app.exception_handler(_LoginFirst)
     async def _login_first(request: Request, exc: _LoginFirst) -> Response:
         if request.url.path == f"{PREFIX}/changes":
-            return JSONResponse({"error": "unauthorized"}, status_code=401, headers=dict(_HEADERS))
-        return _redirect(f"{PREFIX}/login?{urlencode({'next': exc.target})}")
+            return JSONResponse({"error": "unauthorized"}, status_code=401, headers=dict(HEADERS))
+        return redirect(f"{PREFIX}/login?{urlencode({'next': exc.target})}")
 
     async def form_of(request: Request) -> dict[str, str]:
         form = await request.form(max_files=0, max_fields=16, max_part_size=64 * 1024)
@@ -449,11 +224,11 @@ def mount_console(
 
     @router.get("")
     async def root() -> Response:
-        return _redirect(f"{PREFIX}/incidents")
+        return redirect(f"{PREFIX}/incidents")
 
     @router.get("/static/{name}")
     async def static(name: str) -> Response:
-        entry = _STATIC.get(name)
+        entry = STATIC.get(name)
         if entry is None:
             raise Refusal(404, "not_found")
         media, path = entry
@@ -461,11 +236,11 @@ def mount_console(
 
     # -- login ------------------------------------------------------------------------------------
 
-    def login_page(request: Request, *, error: str | None = None, status: int = 200) -> HTMLResponse:
+    def loginpage(request: Request, *, error: str | None = None, status: int = 200) -> HTMLResponse:
         notice = None
         if token is None:
             notice = "login_open" if settings.allow_unauthenticated else "login_no_token"
-        return _page(
+        return page(
             request,
             "login.html.j2",
             status,
@@ -477,7 +252,7 @@ def mount_console(
 
     @router.get("/login")
     async def login_form(request: Request) -> Response:
-        return login_page(request)
+        return loginpage(request)
 
     @router.post("/login")
     async def login(request: Request) -> Response:
@@ -490,11 +265,11 @@ def mount_console(
             valid = settings.allow_unauthenticated
         if not valid:
             log.warning("console: a sign-in with an invalid token was refused")
-            return login_page(request, error="login_failed", status=401)
+            return loginpage(request, error="login_failed", status=401)
         if not name:
-            return login_page(request, error="name_needed", status=400)
+            return loginpage(request, error="name_needed", status=400)
         _, cookie = console.sessions.issue(name, now=clock())
-        response = _redirect(_safe_next(form.get("next")))
+        response = redirect(_safe_next(form.get("next")))
         response.set_cookie(
             SESSION_COOKIE,
             cookie,
@@ -502,14 +277,14 @@ def mount_console(
             path=PREFIX,
             httponly=True,
             samesite="strict",
-            secure=_secure(request, settings),
+            secure=secure_cookie(request, settings),
         )
         return response
 
     @router.post("/logout")
     async def logout(request: Request) -> Response:
         console.actor(request, await form_of(request))
-        response = _redirect(f"{PREFIX}/login")
+        response = redirect(f"{PREFIX}/login")
         response.delete_cookie(SESSION_COOKIE, path=PREFIX, httponly=True, samesite="strict")
         return response
 
@@ -529,13 +304,13 @@ def mount_console(
             raise Refusal(400, "bad_filter", name="status")
         since, until = _parse_time(q.get("since")), _parse_time(q.get("until"))
         try:
-            page = min(max(int(q.get("page") or 1), 1), MAX_PAGE)
+            page_no = min(max(int(q.get("page") or 1), 1), MAX_PAGE)
         except ValueError:
-            page = 1
+            page_no = 1
 
         def query() -> tuple[int, list[Any], dict[str, list[str]], tuple[float, int]]:
             total, rows = s.search(
-                filters=filters, since=since, until=until, offset=(page - 1) * PAGE_SIZE, limit=PAGE_SIZE
+                filters=filters, since=since, until=until, offset=(page_no - 1) * PAGE_SIZE, limit=PAGE_SIZE
             )
             choices = {c: s.distinct(c) for c in ("fault_class", "chip")}
             return total, rows, choices, s.last_change()
@@ -547,17 +322,17 @@ def mount_console(
         def page_url(n: int) -> str:
             return f"{PREFIX}/incidents?{urlencode({**base, 'page': n})}"
 
-        return _page(
+        return page(
             request,
             "list.html.j2",
             viewer=viewer,
             csrf=console.sessions.csrf(viewer.session) if viewer.session else "",
             rows=rows,
             total=total,
-            page=page,
+            page=page_no,
             pages=pages,
-            newer=page_url(page - 1) if page > 1 else None,
-            older=page_url(page + 1) if page < pages else None,
+            newer=page_url(page_no - 1) if page_no > 1 else None,
+            older=page_url(page_no + 1) if page_no < pages else None,
             filters={n: q.get(n) or "" for n in (*LIST_FILTERS, "since", "until")},
             statuses=[st.value for st in IncidentStatus],
             choices=choices,
@@ -575,16 +350,16 @@ def mount_console(
         return incident
 
     @router.get("/incidents/{incident_id}")
-    async def incident_page(request: Request, incident_id: str) -> Response:
+    async def incidentpage(request: Request, incident_id: str) -> Response:
         viewer = console.viewer(request)
         s = console.need_store()
-        lang = _lang(request)
+        lang = lang_of(request)
 
         def load() -> dict[str, Any]:
             incident = find(s, incident_id)
             timeline = s.timeline(incident.id)
-            summary, hint = _summary(incident, lang)
-            scene_state, scene_files = _scene_files(incident.scene_dir)
+            summary, hint = parts.summary(incident, lang)
+            scene_state, scene_files = parts.scene_files(incident.scene_dir)
             plan = incident.plan if isinstance(incident.plan, Mapping) else {}
             blocked = plan.get("blocked")
             return {
@@ -592,17 +367,17 @@ def mount_console(
                 "summary": summary,
                 "hint": hint,
                 "blocked": (blocked.get(lang) or blocked.get("en")) if isinstance(blocked, Mapping) else blocked,
-                "actions": _actions(incident),
-                "timeline": _timeline(timeline),
-                "evidence": _evidence(incident),
+                "actions": parts.actions(incident),
+                "timeline": parts.timeline(timeline),
+                "evidence": parts.evidence(incident),
                 "scene_state": scene_state,
                 "scene_files": scene_files,
-                "quarantined": _quarantined_node(incident, timeline),
+                "quarantined": parts.quarantined_node(incident, timeline),
             }
 
         data = await asyncio.to_thread(load)
         incident = data["incident"]
-        return _page(
+        return page(
             request,
             "incident.html.j2",
             viewer=viewer,
@@ -630,7 +405,7 @@ def mount_console(
         except Exception as e:  # a template or scene file that cannot be read: say so, keep serving
             log.exception("console: report of incident %s (%s) failed", incident.id, lang)
             raise Refusal(500, "report_failed") from e
-        return HTMLResponse(html, headers={**_HEADERS, "Content-Security-Policy": _REPORT_CSP})
+        return HTMLResponse(html, headers={**HEADERS, "Content-Security-Policy": REPORT_CSP})
 
     @router.get("/changes")
     async def changes(request: Request) -> Response:
@@ -645,7 +420,7 @@ def mount_console(
         else:
             updated, count = await asyncio.to_thread(s.last_change)
             body = {"updated": updated, "count": count}
-        return JSONResponse(body, headers=dict(_HEADERS))
+        return JSONResponse(body, headers=dict(HEADERS))
 
     async def decide(request: Request, incident_id: str, approve: bool) -> Response:
         form = await form_of(request)
@@ -666,7 +441,7 @@ def mount_console(
 
         incident = await asyncio.to_thread(run)
         done = "approved" if approve else "rejected"
-        return _redirect(f"{PREFIX}/incidents/{incident.id}?done={done}")
+        return redirect(f"{PREFIX}/incidents/{incident.id}?done={done}")
 
     @router.post("/incidents/{incident_id}/approve")
     async def approve(request: Request, incident_id: str) -> Response:
@@ -685,7 +460,7 @@ def mount_console(
         s = console.need_store()
         incident = await asyncio.to_thread(find, s, incident_id)
         timeline = await asyncio.to_thread(s.timeline, incident.id)
-        node = _quarantined_node(incident, timeline)
+        node = parts.quarantined_node(incident, timeline)
         if node is None:
             raise Refusal(409, "not_quarantined")
         if console.release is None:
@@ -694,12 +469,12 @@ def mount_console(
             # The same call as `trainmedic release-node NODE --incident ID`.
             released = await console.release(node, incident.id)
         except KubeError as e:
-            hint = e.hint.get(_lang(request)) if e.hint is not None else str(e)
+            hint = e.hint.get(lang_of(request)) if e.hint is not None else str(e)
             raise Refusal(409, "release_failed", reason=clean_text(hint, 500)) from e
         await asyncio.to_thread(
             s.note, incident.id, "node_released", {"node": node, "by": actor.name, "changed": released}
         )
-        return _redirect(f"{PREFIX}/incidents/{incident.id}?done=released")
+        return redirect(f"{PREFIX}/incidents/{incident.id}?done=released")
 
     # -- signed approve links ---------------------------------------------------------------------
 
@@ -712,10 +487,10 @@ def mount_console(
             raise Refusal(410 if e.code == "expired" else 403, f"link_{e.code}") from e
 
     @router.get("/link/{link_token}")
-    async def link_page(request: Request, link_token: str) -> Response:
+    async def linkpage(request: Request, link_token: str) -> Response:
         link = checked_link(request, link_token)
         s = console.need_store()
-        lang = _lang(request)
+        lang = lang_of(request)
 
         def load() -> tuple[Incident, bool]:
             return find(s, link.incident_id), s.link_used(link.nonce)
@@ -725,17 +500,17 @@ def mount_console(
             raise Refusal(410, "link_used")
         if incident.status is not IncidentStatus.AWAITING_APPROVAL:
             raise Refusal(409, "link_not_pending", status=label(STATUS_TEXT, incident.status.value, lang))
-        summary, hint = _summary(incident, lang)
+        summary, hint = parts.summary(incident, lang)
         assert console.links is not None
         session = console.session_of(request)
-        return _page(
+        return page(
             request,
             "confirm.html.j2",
             lang=lang,
             incident=incident,
             summary=summary,
             hint=hint,
-            actions=_actions(incident),
+            actions=parts.actions(incident),
             link_csrf=console.links.csrf(link),
             expires=link.expires,
             name=session.name if session else "",
@@ -749,7 +524,7 @@ def mount_console(
         if not console.links.csrf_ok(link, form.get("csrf")):
             raise Refusal(403, "csrf")
         s = console.need_store()
-        lang = _lang(request)
+        lang = lang_of(request)
         name = clean_text(form.get("by", ""), MAX_NAME_CHARS)
         if not name:
             raise Refusal(400, "name_needed")
@@ -774,7 +549,7 @@ def mount_console(
                 raise Refusal(409, "link_not_pending", status=label(STATUS_TEXT, status, lang)) from e
 
         incident = await asyncio.to_thread(run)
-        return _page(
+        return page(
             request,
             "message.html.j2",
             title=LABELS[lang]["approval"],
