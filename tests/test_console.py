@@ -694,3 +694,16 @@ async def test_the_notifier_queues_notices_with_the_console_links(
         async with client(make_app(store, PUBLIC)) as c:
             page = await c.get(notice.approve_url.removeprefix("https://trainmedic.example"))
         assert page.status_code == 200 and 'id="confirm-form"' in page.text
+
+
+@pytest.mark.parametrize(("site", "status"), [("cross-site", 200), ("same-origin", 303), (None, 303)])
+@pytest.mark.asyncio
+async def test_a_link_from_another_site_reloads_once_for_the_strict_cookie(
+    store: IncidentStore, pending: str, site: str | None, status: int
+) -> None:
+    headers = {"Sec-Fetch-Site": site} if site else {}
+    async with client(make_app(store)) as c:
+        r = await c.get(f"/console/incidents/{pending}", headers=headers)
+    assert r.status_code == status
+    if status == 200:
+        assert '<meta http-equiv="refresh" content="0">' in r.text and pending not in r.text

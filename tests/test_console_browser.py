@@ -262,3 +262,17 @@ async def test_pages_fit_the_screen_and_draw_cjk(
     if lang == "zh":
         assert await page.evaluate(CJK_JS) == "ok"
     await page.close()
+
+
+@pytest.mark.asyncio
+async def test_a_link_from_another_site_lands_on_the_page_when_signed_in(console: Console) -> None:
+    """A chat's web page is another site: the SameSite=Strict cookie is held back on that navigation,
+    and the console's one reload from its own site brings it (no second login)."""
+    await _login(console)
+    other_site = console.url.replace("127.0.0.1", "localhost")
+    await console.page.goto(f"{other_site}/console/login")
+    target = f"{console.url}/console/incidents/{PENDING}"
+    await console.page.set_content(f'<a id="chat-link" href="{target}">incident</a>')
+    await console.page.click("#chat-link")
+    await console.page.wait_for_selector("#outcome")
+    assert console.page.url == target

@@ -213,6 +213,10 @@ def mount_console(
     async def _login_first(request: Request, exc: _LoginFirst) -> Response:
         if request.url.path == f"{PREFIX}/changes":
             return JSONResponse({"error": "unauthorized"}, status_code=401, headers=dict(HEADERS))
+        if request.headers.get("sec-fetch-site") == "cross-site" and request.method == "GET":
+            # Followed from another site: the Strict session cookie was held back; this site's own
+            # reload sends it (and comes back same-origin, so this happens once).
+            return page(request, "bounce.html.j2")
         return redirect(f"{PREFIX}/login?{urlencode({'next': exc.target})}")
 
     async def form_of(request: Request) -> dict[str, str]:
