@@ -25,6 +25,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -80,8 +81,9 @@ def seed(path: Path, n: int, *, now: float, rng: random.Random) -> list[str]:
             status = rng.choice(STATUSES)
             plan = {"actions": ["quarantine_node", "restart_job"], "fault_class": fault}
             db.execute(
-                "INSERT INTO incidents (id, key, status, created, updated, diagnosis, namespace, job, job_kind, node, "
-                "fault_class, code, chip, mode, revision, plan) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO incidents (id, key, status, created, updated, diagnosis, namespace, job, job_kind, "
+                "node, fault_class, code, chip, mode, revision, plan) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     iid,
                     f"job:train/{job}",
@@ -125,7 +127,7 @@ def _list_queries(rng: random.Random, now: float, n: int) -> list[dict[str, str]
     def iso(t: float) -> str:
         return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M")
 
-    shapes = [
+    shapes: list[Callable[[], dict[str, str]]] = [
         lambda: {},
         lambda: {"status": rng.choice(STATUSES)},
         lambda: {"fault_class": rng.choice(CLASSES)},
@@ -184,7 +186,7 @@ async def _measure(path: Path, ids: list[str], *, requests: int, now: float, rng
 
 
 def run_console(*, incidents: int = 10_000, requests: int = 300, seed_value: int = 16) -> dict[str, Any]:
-    rng = random.Random(seed_value)  # noqa: S311 (test data, not cryptography)
+    rng = random.Random(seed_value)
     now = time.time()
     with tempfile.TemporaryDirectory(prefix="trainmedic-bench-console-") as tmp:
         path = Path(tmp) / "incidents.db"

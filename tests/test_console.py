@@ -16,8 +16,8 @@ from fastapi import FastAPI
 
 from agent.api import create_app
 from agent.config import ApiSettings
+from agent.console.pages import LABELS
 from agent.console.security import SESSION_COOKIE, Links, Sessions, console_key, message_links
-from agent.console.views import LABELS
 from agent.store import ActionState, IncidentStatus, IncidentStore
 from agent.telemetry import Telemetry
 from reports import payloads
@@ -50,7 +50,7 @@ def diagnosis(summary: str, *, text: str = "NVRM: Xid 79, GPU has fallen off the
 
 
 def seed(store: IncidentStore, n: int, **kw: Any) -> str:
-    iid = kw.pop("iid", f"inc{n:05d}aaaa")
+    iid = str(kw.pop("iid", f"inc{n:05d}aaaa"))
     store.open_incident(
         iid,
         key=f"job:{kw.get('namespace', 'train')}/{kw.get('job', f'job-{n}')}",
@@ -443,7 +443,7 @@ async def test_changes_without_auth_or_csrf_are_refused(store: IncidentStore, pe
     async with client(app) as c:
         headers: dict[str, str] = {}
         data: dict[str, str] = {"by": "x"}
-        if case != "no-session" and case != "bad-token-header":
+        if case not in {"no-session", "bad-token-header"}:
             await login(c)
         if case == "wrong-csrf":
             data["csrf"] = "A" * 43
@@ -547,7 +547,7 @@ async def test_signed_links_that_cannot_be_used(store: IncidentStore, pending: s
     if case == "forged":
         path = "/console/link/eyJpIjoieCJ9.AAAA"
     if case == "tampered":
-        body, mac = token.split(".")
+        mac = token.split(".")[1]
         other = Links(b"z" * 32, ttl_s=60).make("resolved-one", "approve", now=now).split(".")[0]
         path = f"/console/link/{other}.{mac}"
     if case == "other-key":
