@@ -707,3 +707,48 @@ async def test_a_link_from_another_site_reloads_once_for_the_strict_cookie(
     assert r.status_code == status
     if status == 200:
         assert '<meta http-equiv="refresh" content="0">' in r.text and pending not in r.text
+
+
+def test_a_version_1_store_is_upgraded_in_place(tmp_path: Path) -> None:
+    """A store written before the console (schema 1) gains the list indexes and the used-links table,
+    and its incidents stay as they were."""
+    import sqlite3
+
+    from agent.store import MIGRATIONS
+
+    path = tmp_path / "v1.db"
+    db = sqlite3.connect(path)
+    with db:
+        db.execute("CREATE TABLE incident_schema_version (version INTEGER NOT NULL)")
+        for statement in MIGRATIONS[0].split(";"):
+            if statement.strip():
+                db.execute(statement)
+        db.execute("INSERT INTO incident_schema_version (version) VALUES (1)")
+        db.execute(
+            "INSERT INTO incidents (id, key, status, created, updated, diagnosis) VALUES (?, ?, ?, ?, ?, ?)",
+            ("old1234abcd", "job:a/b", "awaiting_approval", T0, T0, '{"root_cause": null}'),
+        )
+    db.close()
+    store = IncidentStore(path)
+    try:
+        assert store.schema_version == len(MIGRATIONS) == 2
+        total, rows = store.search(filters={"status": "awaiting_approval"})
+        assert total == 1 and rows[0].id == "old1234abcd" and rows[0].summary_en is None
+        store.approve("old1234abcd", by="x", link_nonce="n1")
+        assert store.link_used("n1")
+        plan = store._db.execute(
+            "EXPLAIN QUERY PLAN SELECT id FROM incidents WHERE chip = ? ORDER BY created DESC", ("x",)
+        )
+        assert "incidents_chip" in " ".join(str(r) for r in plan.fetchall())
+    finally:
+        store.close()
+
+
+def test_a_used_link_nonce_decides_nothing(store: IncidentStore, pending: str) -> None:
+    from agent.store import LinkUsedError
+
+    other = seed(store, 2, iid="pend2222abcd", status="awaiting_approval")
+    store.approve(pending, by="a", link_nonce="same")
+    with pytest.raises(LinkUsedError):
+        store.approve(other, by="b", link_nonce="same")
+    assert store.get(other).status is IncidentStatus.AWAITING_APPROVAL and store.get(other).approval is None
