@@ -143,10 +143,6 @@ class Console:
         return self.store
 
 
-def _secure(request: Request, settings: ApiSettings) -> bool:
-    return request.url.scheme == "https" or (settings.public_url or "").startswith("https:")
-
-
 def _safe_next(target: str | None) -> str:
     """Only console paths of this site (no scheme, no host, no `//`): never an open redirect."""
     if target and target.startswith(PREFIX + "/") and not target.startswith("//") and "\\" not in target:
@@ -240,7 +236,7 @@ def mount_console(
 
     # -- login ------------------------------------------------------------------------------------
 
-    def loginpage(request: Request, *, error: str | None = None, status: int = 200) -> HTMLResponse:
+    def login_screen(request: Request, *, error: str | None = None, status: int = 200) -> HTMLResponse:
         notice = None
         if token is None:
             notice = "login_open" if settings.allow_unauthenticated else "login_no_token"
@@ -256,7 +252,7 @@ def mount_console(
 
     @router.get("/login")
     async def login_form(request: Request) -> Response:
-        return loginpage(request)
+        return login_screen(request)
 
     @router.post("/login")
     async def login(request: Request) -> Response:
@@ -269,9 +265,9 @@ def mount_console(
             valid = settings.allow_unauthenticated
         if not valid:
             log.warning("console: a sign-in with an invalid token was refused")
-            return loginpage(request, error="login_failed", status=401)
+            return login_screen(request, error="login_failed", status=401)
         if not name:
-            return loginpage(request, error="name_needed", status=400)
+            return login_screen(request, error="name_needed", status=400)
         _, cookie = console.sessions.issue(name, now=clock())
         response = redirect(_safe_next(form.get("next")))
         response.set_cookie(
@@ -354,7 +350,7 @@ def mount_console(
         return incident
 
     @router.get("/incidents/{incident_id}")
-    async def incidentpage(request: Request, incident_id: str) -> Response:
+    async def incident_page(request: Request, incident_id: str) -> Response:
         viewer = console.viewer(request)
         s = console.need_store()
         lang = lang_of(request)
