@@ -487,7 +487,7 @@ def mount_console(
             raise Refusal(410 if e.code == "expired" else 403, f"link_{e.code}") from e
 
     @router.get("/link/{link_token}")
-    async def linkpage(request: Request, link_token: str) -> Response:
+    async def link_page(request: Request, link_token: str) -> Response:
         link = checked_link(request, link_token)
         s = console.need_store()
         lang = lang_of(request)
