@@ -42,6 +42,9 @@ def verify(secret: bytes, headers: dict[str, str], body: bytes, tolerance_s: flo
   use it. Each robot's size limit is met by cutting the longest field with a marker, never by
   cutting a JSON document or a UTF-8 character in half. Log-derived text cannot mention or ping
   anyone (`<@user>`, `<at id=all>`, `<!channel>` are defused); other Markdown in it is kept.
+  Where the notice has them (`api.public_url`, docs/console.md), a message links to the incident's
+  console page and, for a plan awaiting approval, to its signed approve link; both sit on the
+  reference line, which is never cut, so a link arrives whole or not at all.
 """
 
 from __future__ import annotations
