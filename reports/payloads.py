@@ -44,7 +44,7 @@ def verify(secret: bytes, headers: dict[str, str], body: bytes, tolerance_s: flo
   anyone (`<@user>`, `<at id=all>`, `<!channel>` are defused); other Markdown in it is kept.
   Where the notice has them (`api.public_url`, docs/console.md), a message links to the incident's
   console page and, for a plan awaiting approval, to its signed approve link; both sit on the
-  reference line, which is never cut, so a link arrives whole or not at all.
+  reference line, which stays whole when the other lines are cut to fit.
 """
 
 from __future__ import annotations
@@ -530,7 +530,7 @@ def _single_lines(n: Notice, lang: str, d: _Dialect) -> list[str]:
     if n.report_url:
         ref += " · " + d.link(w["report"], n.report_url)
     if n.approve_url and n.status == "awaiting_approval":
-        # On the reference line, which is never cut: the link must arrive whole or not at all.
+        # On the reference line, which stays whole when the other lines are cut to fit.
         ref += " · " + d.link(w["approve"], n.approve_url)
     rows.append((w["incident"], ref))
     return [f"{d.bold(k)}{colon}{v}" for k, v in rows if v]
