@@ -276,3 +276,13 @@ async def test_a_link_from_another_site_lands_on_the_page_when_signed_in(console
     await console.page.click("#chat-link")
     await console.page.wait_for_selector("#outcome")
     assert console.page.url == target
+
+
+@pytest.mark.parametrize(("ci", "outcome"), [("true", pytest.fail.Exception), ("", pytest.skip.Exception)])
+def test_a_missing_chromium_fails_under_ci_and_skips_elsewhere(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, ci: str, outcome: type[BaseException]
+) -> None:
+    monkeypatch.setenv("CI", ci)
+    monkeypatch.setenv("TRAINMEDIC_CHROMIUM", str(tmp_path / "no-such-chromium"))
+    with pytest.raises(outcome):
+        require_chromium()
