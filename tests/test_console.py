@@ -752,3 +752,40 @@ def test_a_used_link_nonce_decides_nothing(store: IncidentStore, pending: str) -
     with pytest.raises(LinkUsedError):
         store.approve(other, by="b", link_nonce="same")
     assert store.get(other).status is IncidentStatus.AWAITING_APPROVAL and store.get(other).approval is None
+
+
+@pytest.mark.parametrize(
+    "path", ["/console/../api/v1/incidents/{id}/approve", "/console/%2e%2e/api/v1/incidents/{id}/approve"]
+)
+@pytest.mark.asyncio
+async def test_the_console_prefix_opens_no_api_route(store: IncidentStore, pending: str, path: str) -> None:
+    """The API's middleware leaves /console/... to the console; a path that only starts with it (as a
+    client may send it, not normalised) reaches no API route."""
+    app = make_app(store)
+    raw = path.format(id=pending)
+    sent: list[dict[str, Any]] = []
+    body = b'{"by": "mallory"}'
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": raw.replace("%2e", "."),
+        "raw_path": raw.encode(),
+        "query_string": b"",
+        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+        "server": ("testserver", 80),
+        "client": ("127.0.0.1", 1234),
+        "root_path": "",
+    }
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    async def send(message: Any) -> None:
+        sent.append(dict(message))
+
+    await app(scope, receive, send)
+    assert sent[0]["status"] == 404
+    assert store.get(pending).status is IncidentStatus.AWAITING_APPROVAL
