@@ -219,6 +219,10 @@ class Notice:
     advice: tuple[dict[str, str], ...] = ()
     # The fault's own severity, stable over the incident's life (see `fault_severity`).
     base_severity: str = field(default="warning")
+    # The incident's console page (api.public_url), and for a plan awaiting approval a signed,
+    # single-use, expiring link to the console's approve confirmation page.
+    incident_url: str | None = None
+    approve_url: str | None = None
 
     @property
     def dedup_key(self) -> str:
@@ -265,6 +269,9 @@ class Notice:
             "actions": [dict(a) for a in self.actions],
             "scene_dir": self.scene_dir,
             "report_url": self.report_url,
+            # Only when set: receivers and stored notices without a console stay as they were.
+            **({"incident_url": self.incident_url} if self.incident_url else {}),
+            **({"approve_url": self.approve_url} if self.approve_url else {}),
         }
 
     @classmethod
@@ -307,10 +314,19 @@ class Notice:
             blocked=_i18n_from(data.get("blocked")),
             advice=tuple(a for a in (_i18n_from(x) for x in advice) if a),
             base_severity=base if base in SEVERITY_RANK else "warning",
+            incident_url=_opt_str(data.get("incident_url")),
+            approve_url=_opt_str(data.get("approve_url")),
         )
 
     @classmethod
-    def from_incident_event(cls, event: Event, *, report_url: str | None = None) -> Notice:
+    def from_incident_event(
+        cls,
+        event: Event,
+        *,
+        report_url: str | None = None,
+        incident_url: str | None = None,
+        approve_url: str | None = None,
+    ) -> Notice:
         """The notice of one `IncidentEvent` envelope; `event.time` is the change time."""
         p = event.payload
         if not isinstance(p, IncidentEvent):
@@ -345,6 +361,8 @@ class Notice:
             blocked=_i18n_from(plan.get("blocked")),
             advice=tuple(advice),
             base_severity=fault_severity(fault_class, rule_severity),
+            incident_url=incident_url,
+            approve_url=approve_url if p.status == "awaiting_approval" else None,
         )
 
 
