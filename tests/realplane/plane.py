@@ -32,6 +32,13 @@ TRAINING = "training"
 XID79 = "NVRM: Xid (PCI:0000:3b:00): 79, pid=2876, name=python, GPU has fallen off the bus."
 RESUME_ARGS = "--resume_from_checkpoint={checkpoint}"
 GPU = "nvidia.com/gpu"
+# The training workloads in the namespace: batch/v1 Jobs, Volcano Jobs, Kubeflow PyTorchJobs (the
+# CRDs are installed on the plane, tests/cluster/crds/).
+WORKLOAD_COLLECTIONS = (
+    f"/apis/batch/v1/namespaces/{TRAINING}/jobs",
+    f"/apis/batch.volcano.sh/v1alpha1/namespaces/{TRAINING}/jobs",
+    f"/apis/kubeflow.org/v1/namespaces/{TRAINING}/pytorchjobs",
+)
 
 
 async def until(what: str, predicate: Callable[[], Any], timeout: float = 60.0, every: float = 0.2) -> Any:
@@ -204,7 +211,7 @@ class Agents:
     async def kernel_line(self, node: str, job: dict[str, Any], line: str) -> None:
         """What the node agent on `node` publishes for a kernel message about the job's pod there."""
         meta = job["metadata"]
-        ref = JobRef(namespace=meta["namespace"], name=meta["name"], kind="Job", api_version="batch/v1")
+        ref = JobRef(namespace=meta["namespace"], name=meta["name"], kind=job["kind"], api_version=job["apiVersion"])
         batch = KernelBatch(node=node, job=ref, source="kmsg", lines=[line], times=[time.time()])
         await self.bus.publish(Topic.KERNEL, make_event(batch, producer=f"node/{node}"))
 
@@ -246,21 +253,19 @@ async def clean(plane: KubePlane) -> None:
         for n in plane.nodes:
             plane.revive_node(n.name)
             await ops.release_node(n.name)
-        jobs = plane.request("GET", f"/apis/batch/v1/namespaces/{TRAINING}/jobs")["items"]
-        for j in jobs:
-            name = j["metadata"]["name"]
-            if j["metadata"].get("finalizers"):
-                gone_ok(
-                    plane,
-                    "PATCH",
-                    f"/apis/batch/v1/namespaces/{TRAINING}/jobs/{name}",
-                    {"metadata": {"finalizers": None}},
-                    content_type="application/merge-patch+json",
-                )
-            with contextlib.suppress(urllib.error.HTTPError):
-                plane.request(
-                    "DELETE", f"/apis/batch/v1/namespaces/{TRAINING}/jobs/{name}", {"propagationPolicy": "Background"}
-                )
+        for base in WORKLOAD_COLLECTIONS:
+            for j in plane.request("GET", base)["items"]:
+                name = j["metadata"]["name"]
+                if j["metadata"].get("finalizers"):
+                    gone_ok(
+                        plane,
+                        "PATCH",
+                        f"{base}/{name}",
+                        {"metadata": {"finalizers": None}},
+                        content_type="application/merge-patch+json",
+                    )
+                with contextlib.suppress(urllib.error.HTTPError):
+                    plane.request("DELETE", f"{base}/{name}", {"propagationPolicy": "Background"})
         for p in plane.request("GET", f"/api/v1/namespaces/{TRAINING}/pods")["items"]:
             name = p["metadata"]["name"]
             if p["metadata"].get("finalizers"):
@@ -278,8 +283,10 @@ async def clean(plane: KubePlane) -> None:
 
         def settled() -> bool:
             pods = plane.request("GET", f"/api/v1/namespaces/{TRAINING}/pods")["items"]
-            jobs = plane.request("GET", f"/apis/batch/v1/namespaces/{TRAINING}/jobs")["items"]
-            left[:] = [f"pod {p['metadata']['name']}" for p in pods] + [f"job {j['metadata']['name']}" for j in jobs]
+            jobs = [j for base in WORKLOAD_COLLECTIONS for j in plane.request("GET", base)["items"]]
+            left[:] = [f"pod {p['metadata']['name']}" for p in pods] + [
+                f"{j.get('kind', 'Job')} {j['metadata']['name']}" for j in jobs
+            ]
             for n in plane.nodes:
                 node = plane.node(n.name)
                 if plane.node_ready(n.name) and not (node.get("status") or {}).get("addresses"):

@@ -24,6 +24,7 @@ Where a binary is missing, `require_plane()` skips the test, or fails it under C
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import os
 import signal
@@ -480,6 +481,27 @@ class KubePlane:
                 new = dict(doc)
                 new["metadata"] = {**doc["metadata"], "resourceVersion": cur["metadata"]["resourceVersion"]}
                 self.request("PUT", f"{path}/{doc['metadata']['name']}", new)
+
+    def install_crds(self, files: Sequence[Path], timeout: float = 60.0) -> None:
+        """Create the CustomResourceDefinitions in `files` and wait until the API server serves each
+        (Established, and its collection answers a list)."""
+        served: list[tuple[str, str]] = []
+        for path in files:
+            docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
+            self.apply(docs)
+            for d in docs:
+                spec = d["spec"]
+                version = next(v["name"] for v in spec["versions"] if v.get("served"))
+                served.append((d["metadata"]["name"], f"/apis/{spec['group']}/{version}/{spec['names']['plural']}"))
+
+        def established(name: str) -> bool:
+            crd = self._get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}") or {}
+            conds = (crd.get("status") or {}).get("conditions") or []
+            return any(c.get("type") == "Established" and c.get("status") == "True" for c in conds)
+
+        for name, collection in served:
+            self._wait(f"the CRD {name} established", functools.partial(established, name), timeout)
+            self._wait(f"{collection} served", functools.partial(self._get, collection), timeout)
 
     # -- nodes -------------------------------------------------------------------------------------
 

@@ -1,0 +1,214 @@
+"""Volcano Jobs and Kubeflow PyTorchJobs healed on the real control plane.
+
+Their CRDs are the ones the projects publish (tests/cluster/crds/, installed by conftest.py); the
+API server validates, defaults and stores the objects, serves their status subresource and the real
+garbage collector removes their pods when they are deleted. What their own controllers would do
+(create the pods from the task / replica templates, report status) is done by the test stand-in in
+standin.py. The agent runs as deployed (its ServiceAccounts, the shipped RBAC).
+
+Xid 79 on the node of a workload's first pod: the scene is saved, the node quarantined (the real
+scheduler then keeps the replacement's pods off it), the workload deleted and recreated from its
+checkpoint under the same name, and its new pods run on healthy KWOK nodes.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+from servers.kubeplane import KubePlane
+
+from agent.store import IncidentStatus
+
+from .plane import (
+    GPU,
+    TAINT_KEY,
+    TRAINING,
+    XID79,
+    clean,
+    has_taint,
+    start_agents,
+    until,
+    write_hf_checkpoints,
+)
+from .standin import TrainingControllers
+
+pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(300)]
+RESUME_ARGS = "--resume_from_checkpoint={checkpoint}"
+
+
+def _container(name: str) -> dict[str, Any]:
+    limits = {GPU: "8", "cpu": "1", "memory": "1Gi"}
+    return {
+        "name": name,
+        "image": "registry.example/train:1",
+        "command": ["torchrun"],
+        "resources": {"limits": limits, "requests": limits},
+    }
+
+
+def _pod_template(container: str) -> dict[str, Any]:
+    return {"spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 0, "containers": [_container(container)]}}
+
+
+def _meta(name: str, ckpt: Path) -> dict[str, Any]:
+    ann = {"trainmedic.io/resume-args": RESUME_ARGS, "trainmedic.io/checkpoint-dir": str(ckpt)}
+    return {"name": name, "namespace": TRAINING, "annotations": ann}
+
+
+def volcano_job(name: str, ckpt: Path) -> dict[str, Any]:
+    """A Volcano Job of one task, two pods (one per node: each asks for all 8 GPUs of a node). No
+    Volcano scheduler runs on the test plane: the stock one places the pods."""
+    return {
+        "apiVersion": "batch.volcano.sh/v1alpha1",
+        "kind": "Job",
+        "metadata": _meta(name, ckpt),
+        "spec": {
+            "schedulerName": "default-scheduler",
+            "minAvailable": 2,
+            "queue": "default",
+            "tasks": [{"name": "worker", "replicas": 2, "template": _pod_template("trainer")}],
+        },
+    }
+
+
+def pytorch_job(name: str, ckpt: Path) -> dict[str, Any]:
+    """A PyTorchJob of a Master and a Worker (the operator's container name is `pytorch`)."""
+    replica = {"replicas": 1, "restartPolicy": "Never", "template": _pod_template("pytorch")}
+    return {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "PyTorchJob",
+        "metadata": _meta(name, ckpt),
+        "spec": {"pytorchReplicaSpecs": {"Master": dict(replica), "Worker": dict(replica)}},
+    }
+
+
+KINDS = {
+    "volcano": (volcano_job, f"/apis/batch.volcano.sh/v1alpha1/namespaces/{TRAINING}/jobs"),
+    "pytorchjob": (pytorch_job, f"/apis/kubeflow.org/v1/namespaces/{TRAINING}/pytorchjobs"),
+}
+
+
+@pytest_asyncio.fixture
+async def fresh(plane: KubePlane) -> AsyncIterator[KubePlane]:
+    await clean(plane)
+    yield plane
+    await clean(plane)
+
+
+@pytest.fixture
+def controllers(plane: KubePlane) -> Iterator[TrainingControllers]:
+    c = TrainingControllers(plane, [TRAINING])
+    c.start()
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+def get(plane: KubePlane, collection: str, name: str) -> dict[str, Any] | None:
+    try:
+        return dict(plane.request("GET", f"{collection}/{name}"))
+    except urllib.error.HTTPError as e:
+        if e.code == 404:
+            return None
+        raise
+
+
+def owned_pods(plane: KubePlane, obj: dict[str, Any]) -> list[dict[str, Any]]:
+    uid = obj["metadata"]["uid"]
+    pods = plane.request("GET", f"/api/v1/namespaces/{TRAINING}/pods")["items"]
+    return [
+        p
+        for p in pods
+        if not p["metadata"].get("deletionTimestamp")
+        and any(r.get("uid") == uid and r.get("controller") for r in p["metadata"].get("ownerReferences") or [])
+    ]
+
+
+def running_on(plane: KubePlane, obj: dict[str, Any], n: int) -> list[str] | None:
+    running = [p for p in owned_pods(plane, obj) if (p.get("status") or {}).get("phase") == "Running"]
+    return sorted(p["spec"]["nodeName"] for p in running) if len(running) >= n else None
+
+
+def first_pod_node(plane: KubePlane, obj: dict[str, Any]) -> str:
+    """The node of rank 0: Volcano's task index 0, the PyTorchJob's master."""
+    for p in owned_pods(plane, obj):
+        labels = p["metadata"]["labels"]
+        if labels.get("volcano.sh/task-index") == "0" or labels.get("training.kubeflow.org/job-role") == "master":
+            return str(p["spec"]["nodeName"])
+    raise AssertionError("no pod of rank 0")
+
+
+def reported_running(obj: dict[str, Any]) -> bool:
+    """What the stand-in controller reported, in each kind's own status shape."""
+    status = obj.get("status") or {}
+    if obj["kind"] == "PyTorchJob":
+        return any(c.get("type") == "Running" and c.get("status") == "True" for c in status.get("conditions") or [])
+    return bool((status.get("state") or {}).get("phase") == "Running")
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+async def test_xid_recreates_the_workload_from_its_checkpoint_on_healthy_nodes(
+    fresh: KubePlane, controllers: TrainingControllers, tmp_path: Path, kind: str
+) -> None:
+    plane = fresh
+    make, collection = KINDS[kind]
+    ckpt = tmp_path / "ckpt"
+    write_hf_checkpoints(ckpt, 1000)
+    agents = await start_agents(plane, tmp_path)
+    try:
+        obj = dict(plane.request("POST", collection, make("llm", ckpt)))
+        old_uid = str(obj["metadata"]["uid"])
+        await until("the workload's pods Running", lambda: running_on(plane, obj, 2), timeout=90)
+        await until("the workload reported Running", lambda: reported_running(get(plane, collection, "llm") or obj))
+        bad = first_pod_node(plane, obj)
+        await agents.kernel_line(bad, obj, XID79)
+        [(incident_id, status)] = await until("the incident handled", agents.terminal, timeout=120)
+        assert status is IncidentStatus.RESOLVED
+
+        def replacement() -> dict[str, Any] | None:
+            cur = get(plane, collection, "llm")
+            return cur if cur is not None and cur["metadata"]["uid"] != old_uid else None
+
+        new: dict[str, Any] = await until("the replacement", replacement)
+        nodes = await until("the replacement's pods Running", lambda: running_on(plane, new, 2), timeout=90)
+        await until("the replacement reported Running", lambda: reported_running(get(plane, collection, "llm") or new))
+        pods = owned_pods(plane, new)
+    finally:
+        await agents.stop()
+    assert not controllers.errors, controllers.errors
+
+    store = agents.store
+    incident = store.get(incident_id)
+    store.close()
+    assert (incident.code, incident.node) == ("xid:79", bad)
+    # The scene: the workload as it was, its pods and their logs, the checkpoint listing.
+    manifest = json.loads((tmp_path / "scenes" / incident_id / "manifest.json").read_text())
+    paths = {f["path"] for f in manifest["files"]}
+    assert "objects/workload.yaml" in paths and "checkpoints.json" in paths
+    assert {p["name"] for p in manifest["pods"]} >= {f"llm-{'worker' if kind == 'volcano' else 'master'}-0"}
+    # The node is quarantined, and the real scheduler placed the new pods elsewhere.
+    assert has_taint(plane, bad, TAINT_KEY)
+    assert bad not in nodes and len(set(nodes)) == 2
+    ann = new["metadata"]["annotations"]
+    checkpoint = str(ckpt / "checkpoint-1000")
+    assert ann["trainmedic.io/incident"] == incident_id
+    assert ann["trainmedic.io/resumed-from"] == checkpoint
+    assert json.loads(ann["trainmedic.io/lineage"])[-1]["uid"] == old_uid
+    # Each new pod, made from the recreated templates, resumes from the checkpoint and avoids the node.
+    assert len(pods) == 2
+    for p in pods:
+        [c] = p["spec"]["containers"]
+        env = {e["name"]: e.get("value") for e in c.get("env") or []}
+        assert env["TRAINMEDIC_RESUME_FROM"] == checkpoint and env["TRAINMEDIC_RESUME_STEP"] == "1000"
+        assert c["args"] == [f"--resume_from_checkpoint={checkpoint}"]
+        [term] = p["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+            "nodeSelectorTerms"
+        ]
+        assert {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": [bad]} in term["matchExpressions"]
