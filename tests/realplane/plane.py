@@ -105,6 +105,63 @@ def job_body(
     }
 
 
+def _container(name: str) -> dict[str, Any]:
+    limits = {GPU: "8", "cpu": "1", "memory": "1Gi"}
+    return {
+        "name": name,
+        "image": "registry.example/train:1",
+        "command": ["torchrun"],
+        "resources": {"limits": limits, "requests": limits},
+    }
+
+
+def _pod_template(container: str) -> dict[str, Any]:
+    return {
+        "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 0, "containers": [_container(container)]}
+    }
+
+
+def _meta(name: str, ckpt: Path | None) -> dict[str, Any]:
+    ann = {"trainmedic.io/resume-args": RESUME_ARGS}
+    if ckpt is not None:
+        ann["trainmedic.io/checkpoint-dir"] = str(ckpt)
+    return {"name": name, "namespace": TRAINING, "annotations": ann}
+
+
+def volcano_job(name: str, ckpt: Path | None = None) -> dict[str, Any]:
+    """A Volcano Job of one task, two pods (one per node: each asks for all 8 GPUs of a node). No
+    Volcano scheduler runs on the test plane: the stock one places the pods."""
+    return {
+        "apiVersion": "batch.volcano.sh/v1alpha1",
+        "kind": "Job",
+        "metadata": _meta(name, ckpt),
+        "spec": {
+            "schedulerName": "default-scheduler",
+            "minAvailable": 2,
+            "queue": "default",
+            "tasks": [{"name": "worker", "replicas": 2, "template": _pod_template("trainer")}],
+        },
+    }
+
+
+def pytorch_job(name: str, ckpt: Path | None = None) -> dict[str, Any]:
+    """A PyTorchJob of a Master and a Worker (the operator's container name is `pytorch`)."""
+    replica = {"replicas": 1, "restartPolicy": "Never", "template": _pod_template("pytorch")}
+    return {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "PyTorchJob",
+        "metadata": _meta(name, ckpt),
+        "spec": {"pytorchReplicaSpecs": {"Master": dict(replica), "Worker": dict(replica)}},
+    }
+
+
+# The custom workload kinds: how to make one, and its collection in the training namespace.
+CUSTOM_KINDS: dict[str, tuple[Callable[..., dict[str, Any]], str]] = {
+    "volcano": (volcano_job, f"/apis/batch.volcano.sh/v1alpha1/namespaces/{TRAINING}/jobs"),
+    "pytorchjob": (pytorch_job, f"/apis/kubeflow.org/v1/namespaces/{TRAINING}/pytorchjobs"),
+}
+
+
 def get_job(plane: KubePlane, name: str) -> dict[str, Any] | None:
     try:
         return dict(plane.request("GET", f"/apis/batch/v1/namespaces/{TRAINING}/jobs/{name}"))

@@ -224,7 +224,7 @@ def volcano_status(job: dict[str, Any], pods: list[dict[str, Any]]) -> dict[str,
     min_available = int(spec.get("minAvailable") or total)
     counts = _phases(pods)
     running = counts.get("Running", 0)
-    phase = "Running" if running >= min_available and min_available > 0 else "Pending"
+    phase = "Running" if running >= min_available > 0 else "Pending"
     old = job.get("status") or {}
     old_state = old.get("state") or {}
     tasks: dict[str, Any] = {}

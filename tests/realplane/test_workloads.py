@@ -13,6 +13,8 @@ checkpoint under the same name, and its new pods run on healthy KWOK nodes.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import urllib.error
 from collections.abc import AsyncIterator, Iterator
@@ -21,12 +23,17 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
+from servers.kube import EventRecorder
 from servers.kubeplane import KubePlane
 
+from agent.jobindex import JobIndex
 from agent.store import IncidentStatus
+from agent.telemetry import Telemetry
+from agent.watchers.k8s import KubeWatchers
+from trainmedic.events import JobRef, WorkloadStatus
 
 from .plane import (
-    GPU,
+    CUSTOM_KINDS,
     TAINT_KEY,
     TRAINING,
     XID79,
@@ -39,59 +46,6 @@ from .plane import (
 from .standin import TrainingControllers
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(300)]
-RESUME_ARGS = "--resume_from_checkpoint={checkpoint}"
-
-
-def _container(name: str) -> dict[str, Any]:
-    limits = {GPU: "8", "cpu": "1", "memory": "1Gi"}
-    return {
-        "name": name,
-        "image": "registry.example/train:1",
-        "command": ["torchrun"],
-        "resources": {"limits": limits, "requests": limits},
-    }
-
-
-def _pod_template(container: str) -> dict[str, Any]:
-    return {"spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 0, "containers": [_container(container)]}}
-
-
-def _meta(name: str, ckpt: Path) -> dict[str, Any]:
-    ann = {"trainmedic.io/resume-args": RESUME_ARGS, "trainmedic.io/checkpoint-dir": str(ckpt)}
-    return {"name": name, "namespace": TRAINING, "annotations": ann}
-
-
-def volcano_job(name: str, ckpt: Path) -> dict[str, Any]:
-    """A Volcano Job of one task, two pods (one per node: each asks for all 8 GPUs of a node). No
-    Volcano scheduler runs on the test plane: the stock one places the pods."""
-    return {
-        "apiVersion": "batch.volcano.sh/v1alpha1",
-        "kind": "Job",
-        "metadata": _meta(name, ckpt),
-        "spec": {
-            "schedulerName": "default-scheduler",
-            "minAvailable": 2,
-            "queue": "default",
-            "tasks": [{"name": "worker", "replicas": 2, "template": _pod_template("trainer")}],
-        },
-    }
-
-
-def pytorch_job(name: str, ckpt: Path) -> dict[str, Any]:
-    """A PyTorchJob of a Master and a Worker (the operator's container name is `pytorch`)."""
-    replica = {"replicas": 1, "restartPolicy": "Never", "template": _pod_template("pytorch")}
-    return {
-        "apiVersion": "kubeflow.org/v1",
-        "kind": "PyTorchJob",
-        "metadata": _meta(name, ckpt),
-        "spec": {"pytorchReplicaSpecs": {"Master": dict(replica), "Worker": dict(replica)}},
-    }
-
-
-KINDS = {
-    "volcano": (volcano_job, f"/apis/batch.volcano.sh/v1alpha1/namespaces/{TRAINING}/jobs"),
-    "pytorchjob": (pytorch_job, f"/apis/kubeflow.org/v1/namespaces/{TRAINING}/pytorchjobs"),
-}
 
 
 @pytest_asyncio.fixture
@@ -153,12 +107,12 @@ def reported_running(obj: dict[str, Any]) -> bool:
     return bool((status.get("state") or {}).get("phase") == "Running")
 
 
-@pytest.mark.parametrize("kind", list(KINDS))
+@pytest.mark.parametrize("kind", list(CUSTOM_KINDS))
 async def test_xid_recreates_the_workload_from_its_checkpoint_on_healthy_nodes(
     fresh: KubePlane, controllers: TrainingControllers, tmp_path: Path, kind: str
 ) -> None:
     plane = fresh
-    make, collection = KINDS[kind]
+    make, collection = CUSTOM_KINDS[kind]
     ckpt = tmp_path / "ckpt"
     write_hf_checkpoints(ckpt, 1000)
     agents = await start_agents(plane, tmp_path)
@@ -212,3 +166,40 @@ async def test_xid_recreates_the_workload_from_its_checkpoint_on_healthy_nodes(
             "nodeSelectorTerms"
         ]
         assert {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": [bad]} in term["matchExpressions"]
+
+
+@pytest.mark.parametrize("kind", list(CUSTOM_KINDS))
+async def test_the_cluster_watcher_reports_volcano_jobs_and_pytorchjobs(
+    fresh: KubePlane, controllers: TrainingControllers, kind: str
+) -> None:
+    """As the cluster ServiceAccount: the workload's status in its own shape (Volcano's
+    status.state.phase, the PyTorchJob's conditions) becomes a WorkloadStatus, its pods are indexed
+    under it with their ranks, and its deletion is reported."""
+    plane = fresh
+    make, collection = CUSTOM_KINDS[kind]
+    api = plane.api_client(plane.service_account_token("trainmedic", "trainmedic-cluster"))
+    bus, index = EventRecorder(), JobIndex()
+    w = KubeWatchers(api, bus=bus, job_index=index, telemetry=Telemetry(), producer="cluster/test")
+    task = asyncio.create_task(w.run())
+    try:
+        await asyncio.wait_for(w.ready.wait(), 30)
+        obj = dict(plane.request("POST", collection, make("watched")))
+        ref = JobRef(namespace=TRAINING, name="watched", kind=obj["kind"], api_version=obj["apiVersion"])
+
+        def running(s: Any) -> bool:
+            return isinstance(s, WorkloadStatus) and s.job == ref and s.phase == "Running" and not s.deleted
+
+        status = await bus.wait_for(running, timeout=90)
+        assert status.replicas == 2
+        assert status.annotations["trainmedic.io/resume-args"] == "--resume_from_checkpoint={checkpoint}"
+        pods = await until("both pods indexed", lambda: len(index.pods_of_job(ref)) == 2 and index.pods_of_job(ref))
+        assert sorted(p.rank for p in pods) == [0, 1]
+        assert {p.node for p in pods} == {n for n in running_on(plane, obj, 2) or []}
+        mark = bus.mark()
+        plane.request("DELETE", f"{collection}/watched", {"propagationPolicy": "Background"})
+        await bus.wait_for(lambda s: isinstance(s, WorkloadStatus) and s.job == ref and s.deleted, since=mark)
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        api.close()
