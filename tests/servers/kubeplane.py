@@ -175,9 +175,20 @@ DEFAULT_NODES = (
 class KubePlane:
     """The whole plane; see the module docstring."""
 
-    def __init__(self, workdir: Path, nodes: Sequence[FakeNode] = DEFAULT_NODES) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        nodes: Sequence[FakeNode] = DEFAULT_NODES,
+        *,
+        node_grace_s: int = NODE_GRACE_S,
+        node_monitor_period_s: int = NODE_MONITOR_PERIOD_S,
+        node_lease_s: int = NODE_LEASE_S,
+    ) -> None:
         self.dir = workdir
         self.nodes = list(nodes)
+        self.node_grace_s = node_grace_s
+        self.node_monitor_period_s = node_monitor_period_s
+        self.node_lease_s = node_lease_s
         self.bin = bin_dir()
         self.pki = workdir / "pki"
         self.port = free_port()
@@ -255,8 +266,8 @@ class KubePlane:
                 "namespace-controller,pod-garbage-collector-controller,root-ca-certificate-publisher-controller",
                 f"--service-account-private-key-file={self.pki / 'sa.key'}",
                 f"--root-ca-file={self.pki / 'ca.crt'}",
-                f"--node-monitor-period={NODE_MONITOR_PERIOD_S}s",
-                f"--node-monitor-grace-period={NODE_GRACE_S}s",
+                f"--node-monitor-period={self.node_monitor_period_s}s",
+                f"--node-monitor-grace-period={self.node_grace_s}s",
                 "--node-startup-grace-period=20s",
                 "--concurrent-job-syncs=10",
                 "--kube-api-qps=200",
@@ -314,7 +325,7 @@ class KubePlane:
                 f"--config={self.bin.parent / 'kwok-stages.yaml'}",
                 f"--config={logs}",
                 f"--manage-single-node={node}",
-                f"--node-lease-duration-seconds={NODE_LEASE_S}",
+                f"--node-lease-duration-seconds={self.node_lease_s}",
                 "--cidr=10.244.0.0/16",
                 # The node's kubelet endpoint is KWOK's own server (logs through the API server).
                 "--node-ip=127.0.0.1",
@@ -322,6 +333,22 @@ class KubePlane:
                 f"--server-address=127.0.0.1:{port}",
                 f"--tls-cert-file={self.pki / 'apiserver.crt'}",
                 f"--tls-private-key-file={self.pki / 'apiserver.key'}",
+            ],
+        )
+
+    def start_bulk_kwok(self, label: str) -> None:
+        """One KWOK process playing the kubelets of every node labelled `label`=true (the scale
+        figures' thousand nodes: one process each would not fit the machine). No kubelet API."""
+        self._proc(
+            f"kwok-bulk-{label.replace('/', '-')}",
+            [
+                str(self.bin / "kwok"),
+                f"--kubeconfig={self.kubeconfig}",
+                f"--config={self.bin.parent / 'kwok-stages.yaml'}",
+                f"--manage-nodes-with-label-selector={label}=true",
+                f"--node-lease-duration-seconds={self.node_lease_s}",
+                "--cidr=10.244.0.0/16",
+                "--node-ip=127.0.0.1",
             ],
         )
 
