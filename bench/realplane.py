@@ -433,6 +433,14 @@ def _agent_rss(plane: Any, tmp: Path, churn: int) -> dict[str, Any]:
             proc.kill()
             proc.wait(30)
         log.close()
+    # A figure of an agent that was refused what it watches would flatter it.
+    refused = [
+        line
+        for line in (tmp / "agent.log").read_text(errors="replace").splitlines()
+        if "forbidden" in line.lower() or "not allowed" in line.lower()
+    ]
+    if refused:
+        raise RuntimeError(f"the agent was refused by the API server: {refused[0][:500]}")
     if churn > 0:
         _delete_churn(plane)
     return {

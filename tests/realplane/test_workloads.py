@@ -203,3 +203,50 @@ async def test_the_cluster_watcher_reports_volcano_jobs_and_pytorchjobs(
         with contextlib.suppress(asyncio.CancelledError):
             await task
         api.close()
+
+
+@pytest.mark.parametrize("kind", list(CUSTOM_KINDS))
+async def test_a_custom_workload_held_by_a_finalizer_is_replaced_only_once_gone(
+    fresh: KubePlane, controllers: TrainingControllers, tmp_path: Path, kind: str
+) -> None:
+    """A foreign finalizer on the Volcano Job / PyTorchJob keeps it (deletionTimestamp set) after
+    trainmedic's delete: no replacement until it is really gone, then one."""
+    plane = fresh
+    make, collection = CUSTOM_KINDS[kind]
+    ckpt = tmp_path / "ckpt"
+    write_hf_checkpoints(ckpt, 500)
+    body = make("held", ckpt)
+    body["metadata"]["finalizers"] = ["example.com/archive-logs"]
+    agents = await start_agents(plane, tmp_path, wait_gone_s=60)
+    try:
+        obj = dict(plane.request("POST", collection, body))
+        old_uid = str(obj["metadata"]["uid"])
+        await until("the workload's pods Running", lambda: running_on(plane, obj, 2), timeout=90)
+        await agents.kernel_line(first_pod_node(plane, obj), obj, XID79)
+
+        def deleting() -> bool:
+            cur = get(plane, collection, "held")
+            return cur is not None and bool(cur["metadata"].get("deletionTimestamp"))
+
+        await until("the old workload being deleted", deleting)
+        await asyncio.sleep(4)
+        cur = get(plane, collection, "held")
+        assert cur is not None and cur["metadata"]["uid"] == old_uid
+        assert agents.terminal() == []
+        plane.request(
+            "PATCH",
+            f"{collection}/held",
+            {"metadata": {"finalizers": None}},
+            content_type="application/merge-patch+json",
+        )
+        [(_, status)] = await until("the incident handled", agents.terminal, timeout=90)
+        assert status is IncidentStatus.RESOLVED
+
+        def replacement() -> dict[str, Any] | None:
+            cur = get(plane, collection, "held")
+            return cur if cur is not None and cur["metadata"]["uid"] != old_uid else None
+
+        new: dict[str, Any] = await until("the replacement", replacement)
+        await until("the replacement's pods Running", lambda: running_on(plane, new, 2), timeout=90)
+    finally:
+        await agents.stop()
