@@ -6,10 +6,11 @@
 The plane is tests/servers/kubeplane.py's `KubePlane` (etcd, kube-apiserver with RBAC,
 kube-controller-manager, kube-scheduler, one KWOK process per fake node: four with 8
 `nvidia.com/gpu`, two with 8 `huawei.com/Ascend910`), started once in a temporary directory with
-the shipped deploy/ RBAC applied as is. The agent is wired as tests/realplane/plane.py wires it: the
-cluster role (watchers) as the `trainmedic-cluster` ServiceAccount and the brain as
-`trainmedic-brain`, each with its own token, over one in-memory bus, the shipped policy in enforce
-mode. Everything (plane, agent, this process) shares the machine.
+the shipped deploy/ RBAC applied as is and the Volcano Job and PyTorchJob CRDs installed
+(tests/cluster/crds/). The agent is wired as tests/realplane/plane.py wires it: the cluster role
+(watchers) as the `trainmedic-cluster` ServiceAccount and the brain as `trainmedic-brain`, each with
+its own token, over one in-memory bus, the shipped policy in enforce mode. Everything (plane,
+agent, this process) shares the machine.
 
 * `real_fault_to_pods_running_p50_s` / `_p99_s`: a 2-pod Indexed batch/v1 Job with an HF Trainer
   checkpoint Running on two GPU nodes; the node agent's Xid 79 kernel line about the pod of index 0
@@ -558,7 +559,7 @@ def run_realplane(
         "node_lease_duration_s": kubeplane.NODE_LEASE_S,
     }
     try:
-        from realplane.conftest import TRAINING, deploy_docs
+        from realplane.conftest import CRDS, TRAINING, deploy_docs
 
         with tempfile.TemporaryDirectory(prefix="tm-bench-realplane-") as tmp:
             d = Path(tmp)
@@ -568,6 +569,7 @@ def run_realplane(
                 plane.start()
                 plane.apply([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": TRAINING}}])
                 plane.apply(deploy_docs())
+                plane.install_crds(CRDS)
                 _log(f"real plane up in {time.perf_counter() - started:.1f} s")
                 out = asyncio.run(_measure(plane, d, repetitions, node_lost))
                 if churn > 0:

@@ -302,6 +302,16 @@ def gone_ok(plane: KubePlane, method: str, path: str, body: Any, *, content_type
             raise
 
 
+def _items(plane: KubePlane, collection: str) -> list[dict[str, Any]]:
+    """The objects of a collection; none where it is not served (a plane without the CRDs)."""
+    try:
+        return list(plane.request("GET", collection)["items"])
+    except urllib.error.HTTPError as e:
+        if e.code == 404:
+            return []
+        raise
+
+
 async def clean(plane: KubePlane) -> None:
     """Back to six healthy, schedulable nodes and no training jobs: KWOK plays every node again, our
     quarantines are released, the jobs and their pods are gone."""
@@ -311,7 +321,7 @@ async def clean(plane: KubePlane) -> None:
             plane.revive_node(n.name)
             await ops.release_node(n.name)
         for base in WORKLOAD_COLLECTIONS:
-            for j in plane.request("GET", base)["items"]:
+            for j in _items(plane, base):
                 name = j["metadata"]["name"]
                 if j["metadata"].get("finalizers"):
                     gone_ok(
@@ -340,7 +350,7 @@ async def clean(plane: KubePlane) -> None:
 
         def settled() -> bool:
             pods = plane.request("GET", f"/api/v1/namespaces/{TRAINING}/pods")["items"]
-            jobs = [j for base in WORKLOAD_COLLECTIONS for j in plane.request("GET", base)["items"]]
+            jobs = [j for base in WORKLOAD_COLLECTIONS for j in _items(plane, base)]
             left[:] = [f"pod {p['metadata']['name']}" for p in pods] + [
                 f"{j.get('kind', 'Job')} {j['metadata']['name']}" for j in jobs
             ]
