@@ -197,6 +197,7 @@ class KubePlane:
         self.etcd_url = f"http://127.0.0.1:{self.etcd_port}"
         self.kubeconfig = workdir / "admin.kubeconfig"
         self.procs: dict[str, Proc] = {}
+        self.crd_collections: list[str] = []  # what install_crds installed, cluster-wide list paths
 
     # -- processes ---------------------------------------------------------------------------------
 
@@ -385,6 +386,9 @@ class KubePlane:
         self.procs["kube-apiserver"].stop()
         self._proc("kube-apiserver", self._apiserver_argv(watch_cache=watch_cache))
         self.wait_apiserver(timeout)
+        # Ready is not yet serving the custom resources: their collections answer 429 for a moment.
+        for collection in self.crd_collections:
+            self._wait(f"{collection} served again", functools.partial(self._get, collection), timeout)
 
     def wait_apiserver(self, timeout: float = 60.0) -> None:
         self._wait("kube-apiserver ready", lambda: self._get("/readyz") is not None, timeout)
@@ -529,6 +533,7 @@ class KubePlane:
         for name, collection in served:
             self._wait(f"the CRD {name} established", functools.partial(established, name), timeout)
             self._wait(f"{collection} served", functools.partial(self._get, collection), timeout)
+            self.crd_collections.append(collection)
 
     # -- nodes -------------------------------------------------------------------------------------
 
