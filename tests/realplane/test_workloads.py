@@ -6,7 +6,8 @@ garbage collector removes their pods when they are deleted. What their own contr
 (create the pods from the task / replica templates, report status) is done by the test stand-in in
 standin.py. The agent runs as deployed (its ServiceAccounts, the shipped RBAC).
 
-Xid 79 on the node of a workload's first pod: the scene is saved, the node quarantined (the real
+Xid 79 on the node of a workload's first pod, or that node lost (its KWOK stops; the real node
+lifecycle controller taints it unreachable): the scene is saved, the node quarantined (the real
 scheduler then keeps the replacement's pods off it), the workload deleted and recreated from its
 checkpoint under the same name, and its new pods run on healthy KWOK nodes.
 """
@@ -46,6 +47,7 @@ from .plane import (
 from .standin import TrainingControllers
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(300)]
+UNREACHABLE = "node.kubernetes.io/unreachable"
 
 
 @pytest_asyncio.fixture
@@ -107,9 +109,10 @@ def reported_running(obj: dict[str, Any]) -> bool:
     return bool((status.get("state") or {}).get("phase") == "Running")
 
 
+@pytest.mark.parametrize("fault", ["xid79", "node_lost"])
 @pytest.mark.parametrize("kind", list(CUSTOM_KINDS))
-async def test_xid_recreates_the_workload_from_its_checkpoint_on_healthy_nodes(
-    fresh: KubePlane, controllers: TrainingControllers, tmp_path: Path, kind: str
+async def test_a_failed_node_recreates_the_workload_from_its_checkpoint_on_healthy_nodes(
+    fresh: KubePlane, controllers: TrainingControllers, tmp_path: Path, kind: str, fault: str
 ) -> None:
     plane = fresh
     make, collection = CUSTOM_KINDS[kind]
@@ -122,7 +125,12 @@ async def test_xid_recreates_the_workload_from_its_checkpoint_on_healthy_nodes(
         await until("the workload's pods Running", lambda: running_on(plane, obj, 2), timeout=90)
         await until("the workload reported Running", lambda: reported_running(get(plane, collection, "llm") or obj))
         bad = first_pod_node(plane, obj)
-        await agents.kernel_line(bad, obj, XID79)
+        if fault == "xid79":
+            await agents.kernel_line(bad, obj, XID79)
+        else:
+            plane.lose_node(bad)
+            # The real node lifecycle controller notices the silent node and taints it.
+            await until("the node tainted unreachable", lambda: has_taint(plane, bad, UNREACHABLE))
         [(incident_id, status)] = await until("the incident handled", agents.terminal, timeout=120)
         assert status is IncidentStatus.RESOLVED
 
@@ -141,7 +149,10 @@ async def test_xid_recreates_the_workload_from_its_checkpoint_on_healthy_nodes(
     store = agents.store
     incident = store.get(incident_id)
     store.close()
-    assert (incident.code, incident.node) == ("xid:79", bad)
+    if fault == "xid79":
+        assert (incident.code, incident.node) == ("xid:79", bad)
+    else:
+        assert (incident.fault_class, incident.node) == ("node_failure", bad)
     # The scene: the workload as it was, its pods and their logs, the checkpoint listing.
     manifest = json.loads((tmp_path / "scenes" / incident_id / "manifest.json").read_text())
     paths = {f["path"] for f in manifest["files"]}
