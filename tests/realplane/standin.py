@@ -11,7 +11,7 @@ tests, only the part of their work the tests depend on, the way those controller
   job_controller_util.go `createJobPod`); a PyTorchJob's pod `<job>-<type>-<index>` per replica with
   the Training Operator v1.8.1 labels (`training.kubeflow.org/job-name`, `.../replica-type`,
   `.../replica-index`, `.../job-role: master`, `.../operator-name: pytorchjob-controller`) and the
-  torch.distributed env it writes (MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK); each pod has a
+  torch.distributed env it writes (MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK, PET_*); each pod has a
   controller ownerReference to its workload, so the real garbage collector deletes the pods when
   the workload is deleted;
 - status, through the status subresource: Volcano's `status.state.phase` (Pending / Running) with
@@ -272,16 +272,21 @@ def pytorch_pods(job: dict[str, Any]) -> list[dict[str, Any]]:
         for ix in range(int(rspec.get("replicas", 1))):
             pod_spec = copy.deepcopy(tmpl.get("spec") or {})
             rank = ix if rtype == "Master" else ix + (1 if has_master else 0)
-            master = f"{name}-master-0" if has_master else f"{name}-worker-0"
+            master = f"{name}-master-0"
             for c in pod_spec.get("containers") or []:
-                env = list(c.get("env") or [])
-                env += [
-                    {"name": "MASTER_PORT", "value": str(PYTORCH_PORT)},
-                    {"name": "PYTHONUNBUFFERED", "value": "1"},
-                    {"name": "MASTER_ADDR", "value": master},
-                    {"name": "WORLD_SIZE", "value": str(world)},
-                    {"name": "RANK", "value": str(rank)},
-                ]
+                # As pkg/controller.v1/pytorch/envvar.go `setPodEnv` (nprocPerNode "auto": 1).
+                env = [*(c.get("env") or []), {"name": "PYTHONUNBUFFERED", "value": "1"}]
+                if has_master:
+                    env += [
+                        {"name": "MASTER_PORT", "value": str(PYTORCH_PORT)},
+                        {"name": "PET_MASTER_PORT", "value": str(PYTORCH_PORT)},
+                        {"name": "MASTER_ADDR", "value": master},
+                        {"name": "PET_MASTER_ADDR", "value": master},
+                        {"name": "WORLD_SIZE", "value": str(world)},
+                        {"name": "RANK", "value": str(rank)},
+                        {"name": "PET_NODE_RANK", "value": str(rank)},
+                    ]
+                env.append({"name": "PET_NNODES", "value": str(world)})
                 c["env"] = env
             if rspec.get("restartPolicy"):
                 pod_spec["restartPolicy"] = "Never" if rspec["restartPolicy"] == "ExitCode" else rspec["restartPolicy"]
