@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -101,6 +102,35 @@ async def test_volcano_jobs_and_pytorchjobs_outside_the_training_namespace_are_d
             await brain.create_workload(body)
     message = str(caught.value)
     assert f"{plural}: {verb}" in message and "Role" in message
+
+
+@pytest.mark.parametrize("kind", list(CUSTOM_KINDS))
+@pytest.mark.parametrize("verb", ["list", "patch", "update", "deletecollection"])
+async def test_the_brain_has_no_other_verb_on_volcano_jobs_and_pytorchjobs(
+    plane: KubePlane, brain: KubeOps, kind: str, verb: str
+) -> None:
+    """get, delete and create in the training namespace are all the restart uses; the real
+    authorizer refuses the rest."""
+    make, _ = CUSTOM_KINDS[kind]
+    body = make("other-verbs")
+    group, _, version = body["apiVersion"].partition("/")
+    plural = "jobs" if kind == "volcano" else "pytorchjobs"
+    api = plane.api_client(plane.service_account_token("trainmedic", "trainmedic-brain"))
+    custom = kclient.CustomObjectsApi(api)
+    calls = {
+        "list": lambda: custom.list_namespaced_custom_object(group, version, TRAINING, plural),
+        "patch": lambda: custom.patch_namespaced_custom_object(group, version, TRAINING, plural, "x", {}),
+        "update": lambda: custom.replace_namespaced_custom_object(group, version, TRAINING, plural, "x", body),
+        "deletecollection": lambda: custom.delete_collection_namespaced_custom_object(group, version, TRAINING, plural),
+    }
+    try:
+        with pytest.raises(ApiException) as caught:
+            await asyncio.to_thread(calls[verb])
+    finally:
+        api.close()
+    assert caught.value.status == 403, caught.value.body
+    message = json.loads(caught.value.body or "{}").get("message", "")
+    assert f'cannot {verb} resource "{plural}" in API group "{group}"' in message, message
 
 
 Call = Callable[[KubeOps], Awaitable[Any]]
