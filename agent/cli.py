@@ -418,6 +418,8 @@ def _diagnose_job(args: argparse.Namespace, engine: Engine) -> Diagnosis:
     from agent.live import Reader, parse_job, with_ops
 
     namespace, name = parse_job(args.job, _live_namespace(args))
+    if args.save is not None:
+        _check_save_dir(args.save)
 
     async def body(reader: Reader) -> tuple[JobScene, Diagnosis]:
         reader.tail_lines = max(1, args.tail)
@@ -439,6 +441,20 @@ def _diagnose_job(args: argparse.Namespace, engine: Engine) -> Diagnosis:
         _save_live_scene(scene, diagnosis, args.save, args.lang)
     result: Diagnosis = diagnosis
     return result
+
+
+def _check_save_dir(directory: Path) -> None:
+    """`--save DIR` must be new or an empty directory: said before the cluster is read."""
+    from agent.live import LiveError
+    from trainmedic.models import I18nText
+
+    if directory.exists() and not (directory.is_dir() and not any(directory.iterdir())):
+        raise LiveError(
+            I18nText(
+                en=f"--save {directory}: exists and is not empty: choose a new directory",
+                zh=f"--save {directory}：已存在且不为空，请指定一个新目录",
+            )
+        )
 
 
 def _save_live_scene(scene: JobScene, diagnosis: Diagnosis, directory: Path, lang: str) -> None:

@@ -11,6 +11,7 @@ JSON shape of `scan`. Every request the commands make is a read.
 from __future__ import annotations
 
 import asyncio
+import fnmatch
 import json
 import time
 from collections.abc import AsyncIterator
@@ -358,3 +359,88 @@ async def test_pods_of_any_owner(
         return
     root = json.loads(out)["root_cause"]
     assert (root["fault_class"], root["node"], root["rank"]) == (expected, "gpu-5", 3)
+
+
+# -- diagnose --job --save DIR: the agent's bundle of what was read ----------------------------------------
+
+SECRET = "hunter2-very-secret"
+
+
+async def secret_in_logs(c: Cluster) -> None:
+    """A RayJob's worker that printed a password and carries one in its env, then died of a CUDA OOM."""
+    await c.add_node("gpu-6", gpus=8)
+    owner = {"apiVersion": "ray.io/v1", "kind": "RayJob", "metadata": {"name": "ray", "uid": "0b1d"}}
+    pod = await c.create_pod("train", "ray-worker-1", owner=owner, env={"RANK": "2", "DB_PASSWORD": SECRET})
+    await c.bind(pod, "gpu-6")
+    await c.start(pod)
+    c.write_log(pod, "trainer", f"connecting with password={SECRET}", f"{CUDA_OOM} (run token={SECRET})")
+
+
+@pytest.mark.parametrize(
+    ("scenario", "job", "files"),
+    [
+        pytest.param(oom_pytorchjob, "train/llama", ("layout/gpu-2/rank1_llama-worker-0_pytorch.previous.log",), id="pytorchjob-oom"),
+        pytest.param(xid_job, "train/bert", ("layout/gpu-3/rank0_bert-0-*_trainer.log", "objects/nodes/gpu-3.yaml"), id="job-node-xid"),
+        pytest.param(ray_pods, "train/ray", ("layout/gpu-5/rank3_ray-worker-0_trainer.log",), id="pod-owner"),
+        pytest.param(secret_in_logs, "train/ray", ("layout/gpu-6/rank2_ray-worker-1_trainer.log", "objects/pods/ray-worker-1.yaml"), id="secret-redacted"),
+    ],
+)  # fmt: skip
+@pytest.mark.asyncio
+async def test_a_saved_live_scene_gives_the_same_answer(
+    env: Env, capsys: pytest.CaptureFixture[str], tmp_path: Path, scenario: Any, job: str, files: tuple[str, ...]
+) -> None:
+    """`diagnose --job --save DIR` writes the agent's bundle of what it read (per-node layout, manifest,
+    objects, events, redacted) and nothing to the cluster; `diagnose --scene DIR` gives the same JSON."""
+    await scenario(env.cluster)
+    saved = tmp_path / "scene"
+    rc, live, err = await cli(env, capsys, "diagnose", "--job", job, "--format", "json", "--save", str(saved))
+    assert rc == 0, err
+    only_reads(env.kube)
+    assert f"scene saved to {saved}" in err
+    manifest = json.loads((saved / "manifest.json").read_text())
+    paths = {f["path"] for f in manifest["files"]}
+    for pattern in files:
+        assert fnmatch.filter(paths, pattern), (pattern, sorted(paths))
+    assert manifest["job"]["name"] == job.rpartition("/")[2]
+
+    rc, again, err = await cli(env, capsys, "diagnose", "--scene", str(saved), "--format", "json")
+    assert rc == 0, err
+    assert json.loads(again) == json.loads(live)
+    assert json.loads(live)["root_cause"] is not None
+
+    assert SECRET not in live
+    for path in saved.rglob("*"):
+        if path.is_file():
+            assert SECRET not in path.read_text(errors="replace"), path
+
+
+@pytest.mark.parametrize(
+    ("argv", "prepare", "expected"),
+    [
+        pytest.param(("--job", "train/llama"), "non-empty", "exists and is not empty", id="dir-not-empty"),
+        pytest.param(("--job", "train/llama"), "a-file", "exists and is not empty", id="dir-is-a-file"),
+        pytest.param(("--logs", "x.log"), None, "--save DIR goes with --job", id="not-live"),
+    ],
+)
+@pytest.mark.asyncio
+async def test_save_refuses_what_it_cannot_write(
+    env: Env,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    argv: tuple[str, ...],
+    prepare: str | None,
+    expected: str,
+) -> None:
+    await oom_pytorchjob(env.cluster)
+    saved = tmp_path / "scene"
+    if prepare == "non-empty":
+        saved.mkdir()
+        (saved / "notes.txt").write_text("mine")
+    elif prepare == "a-file":
+        saved.write_text("mine")
+    rc, out, err = await cli(env, capsys, "diagnose", *argv, "--format", "json", "--save", str(saved))
+    assert rc == 2 and out == ""
+    assert expected in err and "\n" not in err.strip()
+    if prepare == "non-empty":
+        assert sorted(p.name for p in saved.iterdir()) == ["notes.txt"]
+    only_reads(env.kube)

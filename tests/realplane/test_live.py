@@ -92,3 +92,51 @@ async def test_read_only_account_diagnoses_the_job(
     # The namespace is the kubeconfig context's; the rank is the Indexed Job's completion index.
     root = json.loads(out)["root_cause"]
     assert (root["fault_class"], root["node"], root["rank"]) == ("accelerator_oom", node, 0)
+
+
+async def test_a_saved_scene_gives_the_live_answer_and_nothing_is_written(
+    plane: KubePlane, viewer: tuple[Path, str], capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """`diagnose --job --save DIR` as the read-only account: the bundle is written locally (the account
+    could write nothing to the cluster, and the command needed nothing refused), and `diagnose --scene
+    DIR` gives the live JSON."""
+    kubeconfig, token = viewer
+    job = create_job(plane, job_body("oom-saved", pods=1))
+    [node] = await until("the pod Running", lambda: running_on(plane, job, 1))
+    plane.write_log(node, CUDA_OOM)
+    before = _versions(plane)
+    saved = tmp_path / "scene"
+    argv = ["diagnose", "--job", "oom-saved", "--format", "json", "--save", str(saved), "--kubeconfig", str(kubeconfig)]
+    rc = await asyncio.to_thread(main, argv)
+    live, err = capsys.readouterr()
+    assert rc == 0, err
+    assert token not in live and token not in err
+    assert "forbidden" not in err.lower()
+    root = json.loads(live)["root_cause"]
+    assert (root["fault_class"], root["node"], root["rank"]) == ("accelerator_oom", node, 0)
+    manifest = json.loads((saved / "manifest.json").read_text())
+    assert any(f["path"].startswith(f"layout/{node}/rank0_oom-saved-") for f in manifest["files"])
+
+    rc = await asyncio.to_thread(main, ["diagnose", "--scene", str(saved), "--format", "json"])
+    again, err = capsys.readouterr()
+    assert rc == 0, err
+    assert json.loads(again) == json.loads(live)
+    # The job and its pods are as they were, and no event is trainmedic's: nothing was written.
+    assert _versions(plane) == before
+    events = plane.request("GET", f"/api/v1/namespaces/{TRAINING}/events").get("items") or []
+    assert not [
+        e for e in events if "trainmedic" in json.dumps(e.get("source") or {}) + str(e.get("reportingComponent"))
+    ]
+
+
+def _versions(plane: KubePlane) -> dict[str, str]:
+    """resourceVersion of every job and pod of the training namespace."""
+    out: dict[str, str] = {}
+    for path in (
+        f"/apis/batch/v1/namespaces/{TRAINING}/jobs",
+        f"/api/v1/namespaces/{TRAINING}/pods",
+    ):
+        for item in plane.request("GET", path).get("items") or []:
+            meta = item["metadata"]
+            out[f"{path}/{meta['name']}"] = meta["resourceVersion"]
+    return out
