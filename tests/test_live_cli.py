@@ -376,15 +376,20 @@ async def secret_in_logs(c: Cluster) -> None:
     c.write_log(pod, "trainer", f"connecting with password={SECRET}", f"{CUDA_OOM} (run token={SECRET})")
 
 
-@pytest.mark.parametrize(
-    ("scenario", "job", "files"),
-    [
-        pytest.param(oom_pytorchjob, "train/llama", ("layout/gpu-2/rank1_llama-worker-0_pytorch.previous.log",), id="pytorchjob-oom"),
-        pytest.param(xid_job, "train/bert", ("layout/gpu-3/rank0_bert-0-*_trainer.log", "objects/nodes/gpu-3.yaml"), id="job-node-xid"),
-        pytest.param(ray_pods, "train/ray", ("layout/gpu-5/rank3_ray-worker-0_trainer.log",), id="pod-owner"),
-        pytest.param(secret_in_logs, "train/ray", ("layout/gpu-6/rank2_ray-worker-1_trainer.log", "objects/pods/ray-worker-1.yaml"), id="secret-redacted"),
-    ],
-)  # fmt: skip
+SAVED_CASES = [
+    (oom_pytorchjob, "train/llama", ("layout/gpu-2/rank1_llama-worker-0_pytorch.previous.log",), "pytorchjob-oom"),
+    (xid_job, "train/bert", ("layout/gpu-3/rank0_bert-0-*_trainer.log", "objects/nodes/gpu-3.yaml"), "job-node-xid"),
+    (ray_pods, "train/ray", ("layout/gpu-5/rank3_ray-worker-0_trainer.log",), "pod-owner"),
+    (
+        secret_in_logs,
+        "train/ray",
+        ("layout/gpu-6/rank2_ray-worker-1_trainer.log", "objects/pods/ray-worker-1.yaml"),
+        "secret-redacted",
+    ),
+]
+
+
+@pytest.mark.parametrize(("scenario", "job", "files"), [pytest.param(*case[:3], id=case[3]) for case in SAVED_CASES])
 @pytest.mark.asyncio
 async def test_a_saved_live_scene_gives_the_same_answer(
     env: Env, capsys: pytest.CaptureFixture[str], tmp_path: Path, scenario: Any, job: str, files: tuple[str, ...]
