@@ -9,7 +9,9 @@ engine and attribution as `diagnose --scene`: a log's findings take its pod, nam
 (pod.spec.nodeName) and rank (RANK env, the replica or completion index).
 
 `scan [-n NS | -A]` lists the training workloads that failed or are restarting, each with the
-diagnosis `diagnose --job` gives it, and the nodes with problems (NotReady or unreachable,
+diagnosis `diagnose --job` gives it; the failing training pods no training workload owns (bare pods,
+pods of a ReplicaSet, StatefulSet, RayJob, ...: see `loose_training_pods`), one entry per owner with
+its diagnosis; and the nodes with problems (NotReady or unreachable,
 trainmedic's quarantine taint, an accelerator or node-problem-detector condition), each with a
 one-line reason.
 
@@ -31,6 +33,7 @@ from agent.jobindex import rank_of
 from agent.jobinputs import LogKey, job_inputs, workload_phase
 from agent.watchers.k8s import (
     DaemonThreadExecutor,
+    is_accelerator_resource,
     node_status,
 )
 from detectors.diagnose import LogInput, diagnose_inputs
@@ -393,10 +396,11 @@ class Reader:
             }
             kind = next(iter(sorted(owners)), "Pod")
         scene = JobScene(namespace, name, kind, obj, pods, settings=self.scene_settings())
-        await self._fill(scene)
+        await self.fill(scene)
         return scene
 
-    async def _fill(self, scene: JobScene) -> None:
+    async def fill(self, scene: JobScene) -> None:
+        """Read the logs, events and nodes of the scene's pods."""
         wanted: list[LogKey] = []
         for pod in scene.pods:
             # The logs a bundle keeps (remediations.scene.pod_containers): every container's current
@@ -519,6 +523,91 @@ def node_problems(obj: Mapping[str, Any], lang: str = "en") -> list[str]:
     return out
 
 
+# Owners whose pods `scan` sees through the workload (PyTorchJob, MPIJob, batch/v1 or Volcano Job).
+_WORKLOAD_OWNER_KINDS = frozenset({"Job", "PyTorchJob", "MPIJob"})
+# Env a distributed-training launcher sets in every worker (torchrun, the Kubeflow and Volcano
+# operators, MPI and HCCL launchers): a pod that carries them runs a training process.
+_TRAINING_ENV = frozenset({"WORLD_SIZE", "MASTER_ADDR", "RANK_TABLE_FILE", "OMPI_COMM_WORLD_SIZE"})
+
+
+def _containers(pod: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    spec = pod.get("spec") or {}
+    return [c for c in [*(spec.get("initContainers") or ()), *(spec.get("containers") or ())] if isinstance(c, Mapping)]
+
+
+def training_pod(pod: Mapping[str, Any], plugin_resources: Mapping[str, str] | None = None) -> bool:
+    """A pod that requests an accelerator (a device plugin's resource in requests or limits), or
+    whose containers carry a distributed-training launcher's env (WORLD_SIZE, MASTER_ADDR, ...)."""
+    for c in _containers(pod):
+        resources = c.get("resources") or {}
+        for key in ("requests", "limits"):
+            if any(is_accelerator_resource(str(r), plugin_resources) for r in resources.get(key) or {}):
+                return True
+        if any(isinstance(e, Mapping) and e.get("name") in _TRAINING_ENV for e in c.get("env") or ()):
+            return True
+    return False
+
+
+def pod_trouble(pod: Mapping[str, Any]) -> str | None:
+    """Why `scan` lists a pod: it Failed, a container is in CrashLoopBackOff, or a container restarted
+    after a failure (its last run ended with a non-zero exit code); None otherwise."""
+    status = pod.get("status") or {}
+    statuses = [
+        cs
+        for cs in [*(status.get("initContainerStatuses") or ()), *(status.get("containerStatuses") or ())]
+        if isinstance(cs, Mapping)
+    ]
+    restarts = sum(int(cs.get("restartCount") or 0) for cs in statuses)
+    if status.get("phase") == "Failed":
+        reason = _str(status.get("reason"))
+        for cs in statuses:
+            term = (cs.get("state") or {}).get("terminated") or {}
+            if int(term.get("exitCode") or 0) != 0:
+                reason = reason or f"{term.get('reason') or 'Error'}, exit code {int(term['exitCode'])}"
+                break
+        return f"Failed{f' ({reason})' if reason else ''}"
+    for cs in statuses:
+        waiting = (cs.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") == "CrashLoopBackOff":
+            return f"CrashLoopBackOff ({restarts} restarts)"
+    for cs in statuses:
+        last = (cs.get("lastState") or {}).get("terminated") or {}
+        if int(cs.get("restartCount") or 0) > 0 and int(last.get("exitCode") or 0) != 0:
+            return f"Restarting ({restarts} restarts, last exit code {int(last['exitCode'])})"
+    return None
+
+
+def _controller(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    owners = [o for o in (pod.get("metadata") or {}).get("ownerReferences") or () if isinstance(o, Mapping)]
+    return next((o for o in owners if o.get("controller") is True), owners[0] if owners else None)
+
+
+def loose_training_pods(pods: Iterable[JSON], plugin_resources: Mapping[str, str] | None = None) -> list[JSON]:
+    """The failing training pods (`training_pod` and `pod_trouble`) that no training workload owns
+    (bare pods, or pods of a ReplicaSet, StatefulSet, RayJob, ...), one entry per owner: kind,
+    api_version, namespace, name (the owner's, or the pod's when it has none), state, and the pods."""
+    groups: dict[tuple[str, str, str], JSON] = {}
+    for pod in pods:
+        owner = _controller(pod)
+        if owner is not None and owner.get("kind") in _WORKLOAD_OWNER_KINDS:
+            continue
+        trouble = pod_trouble(pod)
+        if trouble is None or not training_pod(pod, plugin_resources):
+            continue
+        meta = pod.get("metadata") or {}
+        ns = str(meta.get("namespace") or "default")
+        if owner is None:
+            kind, api_version, name = "Pod", "v1", _pod_name(pod)
+        else:
+            kind, api_version, name = str(owner.get("kind")), str(owner.get("apiVersion")), str(owner.get("name"))
+        entry = groups.setdefault(
+            (ns, kind, name),
+            {"kind": kind, "api_version": api_version, "namespace": ns, "name": name, "state": trouble, "pods": []},
+        )
+        entry["pods"].append(pod)
+    return list(groups.values())
+
+
 def one_line(diagnosis: Diagnosis, lang: str) -> str:
     """A diagnosis in one line: the fault class and the root cause's summary (which names the place)."""
     rc = diagnosis.root_cause
@@ -536,6 +625,29 @@ async def scan(reader: Reader, namespace: str | None, engine: Engine, lang: str)
         nodes = await reader.ops.list_nodes()
     except KubeForbidden as exc:
         skipped.append(f"nodes ({exc.need}, {exc.scope})")
+    loose: list[JSON] = []
+    try:
+        loose = loose_training_pods(await reader.ops.list_all_pods(namespace))
+    except KubeForbidden as exc:
+        skipped.append(f"pods ({exc.need}, {exc.scope})")
+
+    async def diagnose_pods(group: JSON) -> JSON:
+        pods: list[JSON] = group.pop("pods")
+        entry: JSON = dict(group, phase=str((pods[0].get("status") or {}).get("phase") or "Unknown"))
+        job = JobScene(group["namespace"], group["name"], group["kind"], None, pods, settings=reader.scene_settings())
+        try:
+            await reader.fill(job)
+        except KubeError as exc:
+            entry.update(pods=len(pods), root_cause=None, summary=str(exc).splitlines()[0])
+            return entry
+        skipped.extend(s for s in job.skipped if s not in skipped)
+        d = job.diagnose(engine)
+        entry.update(
+            pods=len(pods),
+            root_cause=d.root_cause.contract_dict(lang) if d.root_cause else None,
+            summary=one_line(d, lang),
+        )
+        return entry
 
     async def diagnose_one(obj: JSON) -> JSON:
         meta = obj.get("metadata") or {}
@@ -565,7 +677,10 @@ async def scan(reader: Reader, namespace: str | None, engine: Engine, lang: str)
 
     # Each job's own reads are bounded by the reader's semaphore; a few jobs at once.
     job_sem = asyncio.Semaphore(4)
-    entries = await asyncio.gather(*(_bounded(job_sem, diagnose_one(w)) for w in workloads))
+    entries = await asyncio.gather(
+        *(_bounded(job_sem, diagnose_one(w)) for w in workloads),
+        *(_bounded(job_sem, diagnose_pods(g)) for g in loose),
+    )
     bad_nodes = []
     for obj in nodes:
         problems = node_problems(obj, lang)
@@ -631,6 +746,12 @@ class ReadOps(KubeOps):
         """Every pod of a namespace."""
         _check_names(namespace=namespace)
         return await self._list(_What("list", PODS, namespace), self.core.list_namespaced_pod, namespace)
+
+    async def list_all_pods(self, namespace: str | None) -> list[JSON]:
+        """Every pod of a namespace, or of every namespace (None)."""
+        if namespace:
+            return await self.list_pods(namespace)
+        return await self._list(_What("list", PODS, None), self.core.list_pod_for_all_namespaces)
 
 
 async def with_ops(

@@ -9,6 +9,7 @@ import json
 import urllib.error
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import pytest_asyncio
@@ -121,7 +122,7 @@ async def test_a_saved_scene_gives_the_live_answer_and_nothing_is_written(
     again, err = capsys.readouterr()
     assert rc == 0, err
     assert json.loads(again) == json.loads(live)
-    # The job and its pods are as they were, and no event is trainmedic's: nothing was written.
+    # The job and its pods are as their owners left them, and no event is trainmedic's: nothing was written.
     assert _versions(plane) == before
     events = plane.request("GET", f"/api/v1/namespaces/{TRAINING}/events").get("items") or []
     assert not [
@@ -129,14 +130,15 @@ async def test_a_saved_scene_gives_the_live_answer_and_nothing_is_written(
     ]
 
 
-def _versions(plane: KubePlane) -> dict[str, str]:
-    """resourceVersion of every job and pod of the training namespace."""
-    out: dict[str, str] = {}
+def _versions(plane: KubePlane) -> dict[str, Any]:
+    """Every job and pod of the training namespace as its owner wrote it: metadata (without the
+    resourceVersion and managedFields that the controllers' status updates move) and spec."""
+    out: dict[str, Any] = {}
     for path in (
         f"/apis/batch/v1/namespaces/{TRAINING}/jobs",
         f"/api/v1/namespaces/{TRAINING}/pods",
     ):
         for item in plane.request("GET", path).get("items") or []:
-            meta = item["metadata"]
-            out[f"{path}/{meta['name']}"] = meta["resourceVersion"]
+            meta = {k: v for k, v in item["metadata"].items() if k not in ("resourceVersion", "managedFields")}
+            out[f"{path}/{meta['name']}"] = {"metadata": meta, "spec": item.get("spec")}
     return out
