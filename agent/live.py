@@ -569,12 +569,16 @@ def pod_trouble(pod: Mapping[str, Any]) -> str | None:
     for cs in statuses:
         waiting = (cs.get("state") or {}).get("waiting") or {}
         if waiting.get("reason") == "CrashLoopBackOff":
-            return f"CrashLoopBackOff ({restarts} restarts)"
+            return f"CrashLoopBackOff ({_restarts(restarts)})" if restarts else "CrashLoopBackOff"
     for cs in statuses:
         last = (cs.get("lastState") or {}).get("terminated") or {}
         if int(cs.get("restartCount") or 0) > 0 and int(last.get("exitCode") or 0) != 0:
-            return f"Restarting ({restarts} restarts, last exit code {int(last['exitCode'])})"
+            return f"Restarting ({_restarts(restarts)}, last exit code {int(last['exitCode'])})"
     return None
+
+
+def _restarts(n: int) -> str:
+    return f"{n} restart{'' if n == 1 else 's'}"
 
 
 def _controller(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:

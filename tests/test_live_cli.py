@@ -449,3 +449,135 @@ async def test_save_refuses_what_it_cannot_write(
     if prepare == "non-empty":
         assert sorted(p.name for p in saved.iterdir()) == ["notes.txt"]
     only_reads(env.kube)
+
+
+# -- scan: failing training pods that no training workload owns ---------------------------------------------
+
+GPU_SPEC = {"containers": [{"name": "trainer", "image": "registry.example/train:1", "resources": {"limits": {"nvidia.com/gpu": "8"}}}]}  # fmt: skip  # noqa: E501
+NPU_SPEC = {"containers": [{"name": "trainer", "image": "registry.example/train:1", "resources": {"requests": {"huawei.com/Ascend910": "8"}}}]}  # fmt: skip  # noqa: E501
+WEB_SPEC = {"containers": [{"name": "trainer", "image": "registry.example/web:1"}]}
+
+
+async def loose_pod(
+    c: Cluster,
+    name: str,
+    *,
+    spec: dict[str, Any] | None = None,
+    env: dict[str, str] | None = None,
+    owner: dict[str, Any] | None = None,
+    end: str | None = None,
+    log: str = CUDA_OOM,
+) -> None:
+    """A pod on gpu-4 of no training workload that logged `log`, then crash-looped or Failed (`end`)."""
+    await c.add_node("gpu-4", gpus=8)
+    pod = await c.create_pod("train", name, owner=owner, env=env, template={"spec": spec or WEB_SPEC})
+    await c.bind(pod, "gpu-4")
+    await c.start(pod)
+    c.write_log(pod, "trainer", "step 1 loss 3.1", log)
+    if end == "crashloop":
+        await c.terminate(pod, "trainer", reason="Error", exit_code=1, restart=True)
+    elif end == "failed":
+        await c.terminate(pod, "trainer", reason="Error", exit_code=1)
+
+
+RAY = {"apiVersion": "ray.io/v1", "kind": "RayJob", "metadata": {"name": "rl", "uid": "7e1f"}, "controller": True}
+LOOSE = {
+    "bare-gpu-pod-crashloop": (
+        dict(name="solo", spec=GPU_SPEC, end="crashloop"),
+        ("Pod", "solo", "CrashLoopBackOff", "accelerator_oom"),
+    ),
+    "bare-npu-pod-failed": (
+        dict(name="npu-solo", spec=NPU_SPEC, end="failed"),
+        ("Pod", "npu-solo", "Failed (Error, exit code 1)", "accelerator_oom"),
+    ),
+    "rayjob-pod-with-launcher-env-failed": (
+        dict(name="rl-worker-0", env={"WORLD_SIZE": "2", "RANK": "1"}, owner=RAY, end="failed"),
+        ("RayJob", "rl", "Failed (Error, exit code 1)", "accelerator_oom"),
+    ),
+    "gpu-pod-running": (dict(name="solo", spec=GPU_SPEC, end=None), None),
+    "web-pod-crashloop": (dict(name="web", spec=WEB_SPEC, end="crashloop", log="panic: boom"), None),
+}
+
+
+@pytest.mark.parametrize(("pod", "expected"), list(LOOSE.values()), ids=list(LOOSE))
+@pytest.mark.parametrize("where", [("-n", "train"), ("-A",)])
+@pytest.mark.asyncio
+async def test_scan_lists_failing_training_pods_no_workload_owns(
+    env: Env,
+    capsys: pytest.CaptureFixture[str],
+    pod: dict[str, Any],
+    expected: tuple[str, str, str, str] | None,
+    where: tuple[str, ...],
+) -> None:
+    """A pod no PyTorchJob, MPIJob or Job owns is listed when it fails (Failed, CrashLoopBackOff, a
+    restart after a non-zero exit) and is a training pod (requests an accelerator, or carries a
+    launcher's env), one entry per owner with its diagnosis; the failed PyTorchJob is listed once."""
+    await oom_pytorchjob(env.cluster)
+    await loose_pod(env.cluster, **pod)
+    rc, out, err = await cli(env, capsys, "scan", *where, "--format", "json", "--lang", "en")
+    assert rc == 0, err
+    found = {(w["kind"], w["name"]): w for w in json.loads(out)["workloads"]}
+    assert ("PyTorchJob", "llama") in found and len([w for w in found if w[1].startswith("llama")]) == 1
+    loose = {k: w for k, w in found.items() if k != ("PyTorchJob", "llama")}
+    if expected is None:
+        assert loose == {}
+    else:
+        kind, name, state, fault_class = expected
+        (w,) = loose.values()
+        assert (w["kind"], w["namespace"], w["name"], w["state"], w["pods"]) == (kind, "train", name, state, 1)
+        assert w["root_cause"]["fault_class"] == fault_class and w["root_cause"]["node"] == "gpu-4"
+        assert w["summary"].startswith(f"{fault_class}: ")
+    only_reads(env.kube)
+
+
+def _status_pod(phase: str, reason: str | None = None, **cs: Any) -> dict[str, Any]:
+    status: dict[str, Any] = {"phase": phase, "containerStatuses": [{"name": "trainer", **cs}]}
+    if reason:
+        status["reason"] = reason
+    return {"metadata": {"name": "p"}, "status": status}
+
+
+@pytest.mark.parametrize(
+    ("pod", "expected"),
+    [
+        pytest.param(
+            _status_pod("Running", restartCount=2, lastState={"terminated": {"exitCode": 137}}, state={"running": {}}),
+            "Restarting (2 restarts, last exit code 137)",
+            id="restarted-after-a-failure",
+        ),
+        pytest.param(
+            _status_pod("Running", restartCount=1, lastState={"terminated": {"exitCode": 0}}, state={"running": {}}),
+            None,
+            id="restarted-after-success",
+        ),
+        pytest.param(_status_pod("Failed", "Evicted", restartCount=0), "Failed (Evicted)", id="evicted"),
+        pytest.param(
+            _status_pod("Running", restartCount=3, state={"waiting": {"reason": "CrashLoopBackOff"}}),
+            "CrashLoopBackOff (3 restarts)",
+            id="crashloop",
+        ),
+        pytest.param(_status_pod("Running", restartCount=0, state={"running": {}}), None, id="healthy"),
+    ],
+)
+def test_pod_trouble(pod: dict[str, Any], expected: str | None) -> None:
+    from agent.live import pod_trouble
+
+    assert pod_trouble(pod) == expected
+
+
+@pytest.mark.parametrize(
+    ("container", "expected"),
+    [
+        ({"resources": {"limits": {"cambricon.com/mlu370": "4"}}}, True),
+        ({"resources": {"requests": {"nvidia.com/mig-1g.10gb": "1"}}}, True),
+        ({"resources": {"limits": {"cpu": "4", "memory": "8Gi"}}}, False),
+        ({"env": [{"name": "MASTER_ADDR", "value": "llama-master-0"}]}, True),
+        ({"env": [{"name": "HOME", "value": "/root"}]}, False),
+    ],
+    ids=["cambricon", "nvidia-mig", "cpu-only", "launcher-env", "other-env"],
+)
+def test_training_pod(container: dict[str, Any], expected: bool) -> None:
+    from agent.live import training_pod
+
+    pod = {"spec": {"containers": [{"name": "trainer", **container}]}}
+    assert training_pod(pod, plugin_resources={}) is expected
