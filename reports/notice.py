@@ -253,8 +253,9 @@ class Notice:
         return str(value.get(lang) or value.get("en") or "") or None
 
     def as_dict(self) -> dict[str, Any]:
-        """JSON-ready (the CloudEvent `data`, and what the outbox stores)."""
-        return {
+        """JSON-ready (the CloudEvent `data`, and what the outbox stores); `failed_sink` only on a
+        sink's failure page."""
+        out = {
             "incident_id": self.incident_id,
             "status": self.status,
             "time": self.time,
@@ -281,8 +282,10 @@ class Notice:
             "actions": [dict(a) for a in self.actions],
             "scene_dir": self.scene_dir,
             "report_url": self.report_url,
-            "failed_sink": self.failed_sink,
         }
+        if self.failed_sink is not None:
+            out["failed_sink"] = self.failed_sink
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Notice:
