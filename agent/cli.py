@@ -1,7 +1,7 @@
 """`trainmedic` command line.
 
-    trainmedic diagnose (--logs PATH [PATH ...] | --scene DIR | --job [NS/]NAME) [--format text|json|markdown]
-                        [--lang en|zh]
+    trainmedic diagnose (--logs PATH [PATH ...] | --scene DIR | --job [NS/]NAME [--save DIR])
+                        [--format text|json|markdown] [--lang en|zh]
     trainmedic scan [-n NS | -A] [--format text|json] [--lang en|zh]
     trainmedic rules lint|test|list [--rules DIR ...]
     trainmedic run [--config FILE] [--role node|cluster|brain|all] [--check]

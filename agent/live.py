@@ -6,7 +6,10 @@ or any other owner of pods: the pods whose ownerReferences name it, or the pod o
 its pods' container logs (the current and the previous instance, a bounded tail of each), the events
 of the workload, of its pods and of their nodes, the nodes' status, and classifies them with the same
 engine and attribution as `diagnose --scene`: a log's findings take its pod, namespace, node
-(pod.spec.nodeName) and rank (RANK env, the replica or completion index).
+(pod.spec.nodeName) and rank (RANK env, the replica or completion index). What is classified is what
+a scene bundle keeps (redacted, bounded, each log named by its file there: agent/jobinputs.py), and
+`--save DIR` writes that bundle (remediations/scene.py, the agent's own layout) from what was read,
+so `diagnose --scene DIR` gives the same JSON.
 
 `scan [-n NS | -A]` lists the training workloads that failed or are restarting, each with the
 diagnosis `diagnose --job` gives it; the failing training pods no training workload owns (bare pods,
