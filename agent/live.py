@@ -233,6 +233,14 @@ class JobScene:
     def diagnose(self, engine: Engine) -> Diagnosis:
         return diagnose_inputs(self.inputs(), engine)
 
+    def _owner_api_version(self) -> str | None:
+        """The apiVersion of a bare owner (a RayJob, a ReplicaSet) as its pods' ownerReferences say."""
+        for pod in self.pods:
+            for o in (pod.get("metadata") or {}).get("ownerReferences") or ():
+                if isinstance(o, Mapping) and o.get("name") == self.name and o.get("kind") == self.kind:
+                    return _str(o.get("apiVersion"))
+        return None
+
     async def save(self, directory: Path, diagnosis: Diagnosis, *, now: float) -> SceneResult:
         """Write the scene bundle the agent writes (remediations/scene.py) into `directory`, from what
         was read (nothing is read again, nothing is written to the cluster), so that `diagnose --scene
@@ -242,7 +250,7 @@ class JobScene:
             directory.rmdir()
         elif directory.exists():
             raise SceneError(f"{directory} exists and is not empty: choose a new directory")
-        api_version = str((self.workload or {}).get("apiVersion") or "v1")
+        api_version = str((self.workload or {}).get("apiVersion") or self._owner_api_version() or "v1")
         event = DiagnosisEvent(
             diagnosis_id=f"live-{self.namespace}-{self.name}-{int(now)}",
             final=True,

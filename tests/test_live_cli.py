@@ -407,6 +407,8 @@ async def test_a_saved_live_scene_gives_the_same_answer(
     for pattern in files:
         assert fnmatch.filter(paths, pattern), (pattern, sorted(paths))
     assert manifest["job"]["name"] == job.rpartition("/")[2]
+    if job == "train/ray":
+        assert (manifest["job"]["kind"], manifest["job"]["api_version"]) == ("RayJob", "ray.io/v1")
 
     rc, again, err = await cli(env, capsys, "diagnose", "--scene", str(saved), "--format", "json")
     assert rc == 0, err
