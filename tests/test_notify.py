@@ -36,6 +36,7 @@ from agent.run import build_agent, run_agent
 from agent.store import IncidentStore
 from agent.telemetry import Telemetry
 from reports import payloads
+from reports.notice import Notice
 from trainmedic.events import DiagnosisEvent, Event, IncidentEvent, JobRef, Topic, make_event
 from trainmedic.models import (
     Action,
@@ -1133,7 +1134,7 @@ async def test_with_no_other_sink_the_failure_is_noted_and_counted(h: Harness) -
 
 
 def test_a_failure_page_is_an_alert_and_a_chat_title_of_its_own() -> None:
-    notice = payloads.Notice.from_incident_event(incident_event("inc-1", "resolved"))
+    notice = Notice.from_incident_event(incident_event("inc-1", "resolved"))
     page = notice.sink_failure("feishu", "HTTP 400: sign match fail", at=BASE + 5)
     assert page.dedup_key == "inc-1/resolved/sink-failed:feishu" != notice.dedup_key
     alerts = payloads.alertmanager_alerts([notice, page], now=BASE + 10)
