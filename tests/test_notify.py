@@ -1145,3 +1145,18 @@ def test_a_failure_page_is_an_alert_and_a_chat_title_of_its_own() -> None:
     assert "endsAt" in by_name["TrainmedicIncident"]
     text = json.dumps(payloads.slack_message([page], lang="both"), ensure_ascii=False)
     assert "sink feishu failed permanently" in text and "通知渠道 feishu 永久投递失败" in text
+
+
+@pytest.mark.looptime
+@pytest.mark.asyncio
+@pytest.mark.parametrize(("lang", "text"), [("en", "Sink failed for good"), ("zh", "通知渠道永久失败")])
+async def test_the_report_timeline_names_the_page_through_the_other_sinks(h: Harness, lang: str, text: str) -> None:
+    from agent.reporting import render_incident
+
+    h.incident("inc-1")
+    h.rx.default = Reply(404, "no_service")
+    async with Receiver() as other:
+        n = await h.start(sink("slack", h.rx.url), sink("cloudevents", other.url))
+        await n.enqueue(incident_event("inc-1", "blocked"))
+        await h.settled(n, 3)
+    assert text in render_incident(h.store, "inc-1", fmt="md", lang=lang)
