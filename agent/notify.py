@@ -53,7 +53,7 @@ from typing import Any, ClassVar, Literal
 
 import httpx
 
-from agent.config import NotifySettings, SinkSettings
+from agent.config import ApiSettings, NotifySettings, SinkSettings
 from agent.outbox import Outbox, OutboxError, OutboxItem
 from agent.store import IncidentStore, StoreError
 from agent.telemetry import Telemetry
@@ -408,6 +408,8 @@ class Notifier:
         report_url: Callable[[str], str | None] | None = None,
         rng: random.Random | None = None,
         env: Mapping[str, str] | None = None,
+        incident_url: Callable[[str], str | None] | None = None,
+        approve_url: Callable[[str, float], str | None] | None = None,
     ) -> None:
         self.settings = settings
         self.outbox = outbox
@@ -415,6 +417,10 @@ class Notifier:
         self.telemetry = telemetry
         self.clock = clock
         self.report_url = report_url
+        # The console's incident page, and the signed approve link for a plan awaiting approval
+        # (agent/console/security.py); made once, when the notice is queued, so a re-send carries the same.
+        self.incident_url = incident_url
+        self.approve_url = approve_url
         self.rng = rng or random.Random()  # noqa: S311 (jitter, not cryptography)
         self.sinks: list[Sink] = []
         problems = []
@@ -442,7 +448,11 @@ class Notifier:
         incident_id = event.payload.incident_id
         try:
             url = self.report_url(incident_id) if self.report_url is not None else None
-            notice = Notice.from_incident_event(event, report_url=url)
+            page = self.incident_url(incident_id) if self.incident_url is not None else None
+            approve = None
+            if self.approve_url is not None and event.payload.status == "awaiting_approval":
+                approve = self.approve_url(incident_id, self.clock())
+            notice = Notice.from_incident_event(event, report_url=url, incident_url=page, approve_url=approve)
         except (NoticeError, ValueError) as e:
             log.error("incident %s: cannot build a notice (%s); it is not sent", incident_id, e)
             return
@@ -798,8 +808,12 @@ def build_notifier(
     store: IncidentStore | None,
     telemetry: Telemetry,
     clock: Callable[[], float] = time.time,
+    api: ApiSettings | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> Notifier | None:
     """The notifier of `trainmedic run` (None when no sink is configured or notifications are off).
+    With `api.public_url`, messages link to the console's incident page and carry a signed approve
+    link for plans awaiting approval.
 
     Raises NotifyError / OutboxError when it cannot be built (the agent logs why and goes on)."""
     if not settings.enabled or not settings.sinks:
@@ -809,9 +823,25 @@ def build_notifier(
     def report_url(incident_id: str) -> str | None:
         return f"{base}/api/v1/incidents/{incident_id}/report?format=html" if base else None
 
+    links = None
+    if api is not None:
+        from agent.api import resolve_token
+        from agent.console.security import message_links
+
+        links = message_links(api, token=resolve_token(api, env), env=env)
     outbox = Outbox(store_path, clock=clock)
     try:
-        return Notifier(settings, outbox=outbox, store=store, telemetry=telemetry, clock=clock, report_url=report_url)
+        return Notifier(
+            settings,
+            outbox=outbox,
+            store=store,
+            telemetry=telemetry,
+            clock=clock,
+            report_url=report_url,
+            env=env,
+            incident_url=links[0] if links else None,
+            approve_url=links[1] if links else None,
+        )
     except NotifyError:
         outbox.close()
         raise

@@ -35,7 +35,9 @@ Steps:
    runs the agent as deployed against it (`real_fault_to_pods_running_p50_s` / `_p99_s` over
    `--real-repetitions` Xid 79 incidents, `real_node_lost_to_pods_running_s`); null with
    `realplane_error` where the binaries are not built (`make cluster`).
-9. Print one JSON object on stdout (medians, ratios, corpus and machine facts, per-repeat figures)
+9. The console figures (unless --no-console): bench/console.py serves the web console over 10,000
+   incidents in the SQLite store (`console_list_p99_ms`, `console_incident_p99_ms`, server time).
+10. Print one JSON object on stdout (medians, ratios, corpus and machine facts, per-repeat figures)
    and write it to bench/results.json. Progress goes to stderr.
 """
 
@@ -486,6 +488,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--no-coldstart", action="store_true", help="no `trainmedic diagnose` start-up figures")
     ap.add_argument("--no-hang", action="store_true", help="no hang-detection figures")
     ap.add_argument("--no-realplane", action="store_true", help="no figures on the real control plane")
+    ap.add_argument("--no-console", action="store_true", help="no web console figures")
     ap.add_argument(
         "--real-repetitions",
         type=int,
@@ -594,6 +597,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         result.update(measure_hang((1,) if args.quick else (1, 2, 3)))
     if not args.no_realplane:
         result.update(run_realplane_figures(args))
+    if not args.no_console:
+        from bench.console import run_console
+
+        log("web console: list and incident pages over 10,000 incidents in SQLite (bench/console.py)")
+        result.update(run_console(requests=100 if args.quick else 300))
     text = json.dumps(result, indent=2, ensure_ascii=False)
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(text + "\n", encoding="utf-8")

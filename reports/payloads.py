@@ -42,6 +42,9 @@ def verify(secret: bytes, headers: dict[str, str], body: bytes, tolerance_s: flo
   use it. Each robot's size limit is met by cutting the longest field with a marker, never by
   cutting a JSON document or a UTF-8 character in half. Log-derived text cannot mention or ping
   anyone (`<@user>`, `<at id=all>`, `<!channel>` are defused); other Markdown in it is kept.
+  Where the notice has them (`api.public_url`, docs/console.md), a message links to the incident's
+  console page and, for a plan awaiting approval, to its signed approve link; both sit on the
+  reference line, which stays whole when the other lines are cut to fit.
 """
 
 from __future__ import annotations
@@ -285,6 +288,8 @@ _L: dict[str, dict[str, str]] = {
         "mode": "Mode",
         "incident": "Incident",
         "report": "Report",
+        "console": "Open in console",
+        "approve": "Approve the plan",
         "node": "node",
         "device": "device",
         "rank": "rank",
@@ -309,6 +314,8 @@ _L: dict[str, dict[str, str]] = {
         "mode": "模式",
         "incident": "事件",
         "report": "报告",
+        "console": "在控制台查看",
+        "approve": "批准处置方案",
         "node": "节点",
         "device": "设备",
         "rank": "rank",
@@ -381,7 +388,10 @@ def _short(value: str | None, limit: int = CHAT_NAME_CHARS) -> str | None:
 
 def _for_chat(n: Notice) -> Notice:
     """Names bounded for a chat line (a 3000-character node name must not push out the rest)."""
-    url = n.report_url if n.report_url and len(n.report_url) <= MAX_URL_CHARS else None
+
+    def fits(url: str | None) -> str | None:
+        return url if url and len(url) <= MAX_URL_CHARS else None
+
     return replace(
         n,
         incident_id=_short(n.incident_id, 2 * CHAT_NAME_CHARS) or "?",
@@ -395,7 +405,9 @@ def _for_chat(n: Notice) -> Notice:
         job=_short(n.job),
         job_kind=_short(n.job_kind),
         mode=_short(n.mode),
-        report_url=url,
+        report_url=fits(n.report_url),
+        incident_url=fits(n.incident_url),
+        approve_url=fits(n.approve_url),
     )
 
 
@@ -526,8 +538,13 @@ def _single_lines(n: Notice, lang: str, d: _Dialect) -> list[str]:
     if n.mode:
         rows.append((w["mode"], esc(n.mode)))
     ref = f"{esc(n.incident_id)} · {_when(n.time)}"
+    if n.incident_url:
+        ref += " · " + d.link(w["console"], n.incident_url)
     if n.report_url:
         ref += " · " + d.link(w["report"], n.report_url)
+    if n.approve_url and n.status == "awaiting_approval":
+        # On the reference line, which stays whole when the other lines are cut to fit.
+        ref += " · " + d.link(w["approve"], n.approve_url)
     rows.append((w["incident"], ref))
     return [f"{d.bold(k)}{colon}{v}" for k, v in rows if v]
 
@@ -572,7 +589,9 @@ def _digest_item(i: int, n: Notice, lang: str, d: _Dialect) -> str:
     line = " · ".join(parts)
     if summary:
         line += " — " + d.escape(summary)
-    if n.report_url:
+    if n.incident_url:
+        line += " " + d.link(_L[lang]["console"], n.incident_url)
+    elif n.report_url:
         line += " " + d.link(_L[lang]["report"], n.report_url)
     return line
 
