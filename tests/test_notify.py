@@ -1147,6 +1147,18 @@ def test_a_failure_page_is_an_alert_and_a_chat_title_of_its_own() -> None:
     assert "sink feishu failed permanently" in text and "通知渠道 feishu 永久投递失败" in text
 
 
+def test_a_failure_page_leaves_the_single_use_approve_link_behind() -> None:
+    notice = Notice.from_incident_event(
+        incident_event("inc-1", "awaiting_approval"),
+        incident_url="https://trainmedic.example/console/incidents/inc-1",
+        approve_url="https://trainmedic.example/console/approve/inc-1?sig=one-time",
+    )
+    page = notice.sink_failure("slack", "HTTP 404: no_service", at=BASE)
+    assert page.approve_url is None and page.incident_url == notice.incident_url
+    assert "one-time" not in json.dumps(page.as_dict()) and page.as_dict()["failed_sink"] == "slack"
+    assert Notice.from_dict(page.as_dict()) == page
+
+
 @pytest.mark.looptime
 @pytest.mark.asyncio
 @pytest.mark.parametrize(("lang", "text"), [("en", "Sink failed for good"), ("zh", "通知渠道永久失败")])
