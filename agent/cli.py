@@ -444,10 +444,18 @@ def _diagnose_job(args: argparse.Namespace, engine: Engine) -> Diagnosis:
 
 
 def _check_save_dir(directory: Path) -> None:
-    """`--save DIR` must be new or an empty directory: said before the cluster is read."""
+    """`--save DIR` must be new or an empty directory with a usable name: said before the cluster is read."""
     from agent.live import LiveError
+    from remediations.scene import valid_bundle_name
     from trainmedic.models import I18nText
 
+    if not valid_bundle_name(directory.absolute().name):
+        raise LiveError(
+            I18nText(
+                en=f"--save {directory}: a bundle directory's name is letters, digits, '.', '_' and '-'",
+                zh=f"--save {directory}：现场包目录名只能包含字母、数字、“.”、“_”和“-”",
+            )
+        )
     if directory.exists() and not (directory.is_dir() and not any(directory.iterdir())):
         raise LiveError(
             I18nText(

@@ -94,6 +94,7 @@ __all__ = [
     "pod_rank",
     "redact_text",
     "save_scene",
+    "valid_bundle_name",
 ]
 
 SCHEMA_VERSION = 1
@@ -113,6 +114,11 @@ except AttributeError:  # pragma: no cover - PyYAML without libyaml
 
 class SceneError(TrainmedicError):
     """A bundle that cannot be written or read (bad incident id, corrupt manifest, ...)."""
+
+
+def valid_bundle_name(name: str) -> bool:
+    """Whether `name` can name a bundle's directory (the incident id: letters, digits, . _ -)."""
+    return bool(_ID.match(name))
 
 
 # ------------------------------------------------------------------------------------------------

@@ -426,6 +426,7 @@ async def test_a_saved_live_scene_gives_the_same_answer(
     [
         pytest.param(("--job", "train/llama"), "non-empty", "exists and is not empty", id="dir-not-empty"),
         pytest.param(("--job", "train/llama"), "a-file", "exists and is not empty", id="dir-is-a-file"),
+        pytest.param(("--job", "train/llama"), "bad-name", "a bundle directory's name is letters", id="bad-name"),
         pytest.param(("--logs", "x.log"), None, "--save DIR goes with --job", id="not-live"),
     ],
 )
@@ -439,7 +440,7 @@ async def test_save_refuses_what_it_cannot_write(
     expected: str,
 ) -> None:
     await oom_pytorchjob(env.cluster)
-    saved = tmp_path / "scene"
+    saved = tmp_path / ("my scene" if prepare == "bad-name" else "scene")
     if prepare == "non-empty":
         saved.mkdir()
         (saved / "notes.txt").write_text("mine")
