@@ -1,4 +1,4 @@
-"""`trainmedic diagnose --job` on the real control plane, as a read-only
+"""`trainmedic diagnose --job` (with `--save`) and `trainmedic scan` on the real control plane, as a read-only
 ServiceAccount (get and list only: any write the commands tried would be refused), through a
 kubeconfig with the plane's CA and the account's bearer token."""
 
@@ -18,7 +18,7 @@ from servers.kubeplane import KubePlane
 
 from agent.cli import main
 
-from .plane import TRAINING, clean, create_job, job_body, running_on, until
+from .plane import GPU, TRAINING, clean, create_job, job_body, running_on, until
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(300)]
 
@@ -142,3 +142,66 @@ def _versions(plane: KubePlane) -> dict[str, Any]:
             meta = {k: v for k, v in item["metadata"].items() if k not in ("resourceVersion", "managedFields")}
             out[f"{path}/{meta['name']}"] = {"metadata": meta, "spec": item.get("spec")}
     return out
+
+
+async def test_scan_as_the_read_only_account_lists_a_failed_gpu_pod_no_job_owns(
+    plane: KubePlane, viewer: tuple[Path, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A bare pod asking for GPUs fails after a CUDA OOM: `scan -A` run by the account that may only get
+    and list names it with its diagnosis, and changes nothing (nothing it tried was refused)."""
+    kubeconfig, token = viewer
+    limits = {GPU: "8", "cpu": "1", "memory": "1Gi"}
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "solo", "namespace": TRAINING},
+        "spec": {
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 0,
+            "containers": [{"name": "trainer", "image": "registry.example/train:1", "resources": {"limits": limits}}],
+        },
+    }
+    plane.request("POST", f"/api/v1/namespaces/{TRAINING}/pods", pod)
+
+    def running() -> str | None:
+        obj = plane.request("GET", f"/api/v1/namespaces/{TRAINING}/pods/solo")
+        return obj["spec"].get("nodeName") if (obj.get("status") or {}).get("phase") == "Running" else None
+
+    node = await until("the bare pod Running", running)
+    plane.write_log(node, CUDA_OOM)
+    status = {
+        "status": {
+            "phase": "Failed",
+            "containerStatuses": [
+                {
+                    "name": "trainer",
+                    "image": "registry.example/train:1",
+                    "imageID": "",
+                    "ready": False,
+                    "restartCount": 0,
+                    "state": {"terminated": {"exitCode": 1, "reason": "Error"}},
+                }
+            ],
+        }
+    }
+    plane.request(
+        "PATCH",
+        f"/api/v1/namespaces/{TRAINING}/pods/solo/status",
+        status,
+        content_type="application/merge-patch+json",
+    )
+    await until(
+        "the bare pod Failed",
+        lambda: plane.request("GET", f"/api/v1/namespaces/{TRAINING}/pods/solo")["status"]["phase"] == "Failed",
+    )
+    before = _versions(plane)
+    argv = ["scan", "-A", "--format", "json", "--lang", "en", "--kubeconfig", str(kubeconfig)]
+    rc = await asyncio.to_thread(main, argv)
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    assert token not in out and token not in err
+    found = {(w["kind"], w["namespace"], w["name"]): w for w in json.loads(out)["workloads"]}
+    solo = found[("Pod", TRAINING, "solo")]
+    assert solo["state"] == "Failed (Error, exit code 1)" and solo["pods"] == 1
+    assert (solo["root_cause"]["fault_class"], solo["root_cause"]["node"]) == ("accelerator_oom", node)
+    assert _versions(plane) == before
