@@ -16,7 +16,10 @@ a receiver's Retry-After is honoured, capped at `retry_max_s`), and a notice sti
 `give_up_after_s` after it was queued is given up. Other 4xx are permanent: the notice is dead at
 once. Chat robots answer HTTP 200 with an error in the body (Feishu `code`, DingTalk / WeCom
 `errcode`); their rate-limit codes are temporary, the rest permanent. Every delivery and every
-give-up lands in the incident's timeline (`notified`, `notify_failed`) and in telemetry.
+give-up lands in the incident's timeline (`notified`, `notify_failed`) and in telemetry. A notice one
+sink will never deliver still reaches a person: every other sink gets a short "sink X failed
+permanently: ..." page of it, whatever statuses that sink takes (timeline `notify_escalated`,
+counter `trainmedic_notify_sink_failed_total`).
 
 Grouping and rate limits. Each sink has a token bucket of `burst` messages per `window_s`. While
 tokens last, each notice goes out alone, as soon as it is queued (a single incident reaches a local
@@ -679,6 +682,7 @@ class Notifier:
             for i in items:
                 self._note(i, "notify_failed", outcome, extra={"error": outcome.error, "permanent": True})
             log.error("notify sink %s: %d notice(s) refused for good: %s", sink.name, len(items), outcome.error or "-")
+            self._page_failure(sink, items, outcome, outcome.error or "refused", reason="refused")
         else:
             self.telemetry.webhook_failures.labels(sink.name).inc()
             r.failures += 1
@@ -705,6 +709,7 @@ class Notifier:
                 for i in give_up:
                     self._note(i, "notify_failed", outcome, extra={"error": why, "permanent": False})
                 log.error("notify sink %s: gave up on %d notice(s): %s", sink.name, len(give_up), why)
+                self._page_failure(sink, give_up, outcome, why, reason="gave_up")
             log.warning(
                 "notify sink %s: delivery failed (%s); retrying %d notice(s) in %.1f s",
                 sink.name,
@@ -713,6 +718,41 @@ class Notifier:
                 delay,
             )
         self._gauge(sink)
+
+    def _page_failure(
+        self, sink: Sink, items: Sequence[OutboxItem], outcome: Outcome, error: str, *, reason: str
+    ) -> None:
+        """Notices `sink` will never deliver still reach a person: each goes, as a short "sink X failed
+        permanently: ..." page (`Notice.sink_failure`), to every other sink whatever statuses it
+        takes, once (its own dedup key); the incident's timeline says where (`notify_escalated`).
+        A failure page that itself fails is counted and noted, not paged again."""
+        others = [s for s in self.sinks if s.name != sink.name]
+        why = _redact(error, sink.settings.url)
+        now = self.clock()
+        for i in items:
+            self.telemetry.notify_sink_failed.labels(sink.name, reason).inc()
+            if i.notice.failed_sink is not None:
+                continue
+            notice = i.notice.sink_failure(sink.name, why, at=now)
+            try:
+                added = self.outbox.enqueue_many([s.name for s in others], notice) if others else []
+            except (OutboxError, sqlite3.Error) as e:
+                log.error("incident %s: the failure of sink %s cannot be paged: %s", i.incident_id, sink.name, e)
+                added = []
+            for name in added:
+                self.telemetry.notifications.labels(name, "queued").inc()
+                self.telemetry.outbox_depth.labels(name).inc()
+                runner = self._runners.get(name)
+                if runner is not None:
+                    runner.wake.set()
+            self._note(i, "notify_escalated", outcome, extra={"failed_sink": sink.name, "to": added, "error": why})
+            if not others:
+                log.error(
+                    "incident %s: sink %s failed for good and no other sink is configured: only the API and "
+                    "the incident store have it",
+                    i.incident_id,
+                    sink.name,
+                )
 
     def _note(self, item: OutboxItem, kind: str, outcome: Outcome, *, extra: Mapping[str, Any] | None) -> None:
         if self.store is None:

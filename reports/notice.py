@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -223,15 +223,32 @@ class Notice:
     # single-use, expiring link to the console's approve confirmation page.
     incident_url: str | None = None
     approve_url: str | None = None
+    # Set on the page that says a sink could not deliver this notice for good (`sink_failure`).
+    failed_sink: str | None = None
 
     @property
     def dedup_key(self) -> str:
-        """Stable across restarts and replays: one incident reaches one status once."""
-        return f"{self.incident_id}/{self.status}"
+        """Stable across restarts and replays: one incident reaches one status once (and a sink's
+        failure to deliver it is paged once)."""
+        base = f"{self.incident_id}/{self.status}"
+        return f"{base}/sink-failed:{self.failed_sink}" if self.failed_sink else base
 
     @property
     def firing(self) -> bool:
-        return self.status not in NOT_FIRING
+        # A notice that never arrived somewhere is for a person to see, whatever the incident's status.
+        return self.failed_sink is not None or self.status not in NOT_FIRING
+
+    def sink_failure(self, sink: str, error: str, *, at: float) -> Notice:
+        """The page for the other sinks when `sink` failed to deliver this notice for good (a 4xx, a
+        robot's permanent error code, or retries given up): critical, the sink and why first, then
+        what the incident is."""
+        why = clean_text(error, 300) or "-"
+        summary = {
+            "en": clean_text(f"Notification sink {sink} failed permanently: {why}. {self.summary['en']}"),
+            "zh": clean_text(f"通知渠道 {sink} 永久投递失败：{why}。{self.summary['zh']}"),
+        }
+        # The single-use approve link stays with the sink it was made for; the incident link goes along.
+        return replace(self, failed_sink=sink, severity="critical", time=at, summary=summary, approve_url=None)
 
     def text(self, name: str, lang: str) -> str | None:
         """`summary` / `hint` / `blocked` in `lang` ("en" or "zh")."""
@@ -241,7 +258,8 @@ class Notice:
         return str(value.get(lang) or value.get("en") or "") or None
 
     def as_dict(self) -> dict[str, Any]:
-        """JSON-ready (the CloudEvent `data`, and what the outbox stores)."""
+        """JSON-ready (the CloudEvent `data`, and what the outbox stores); `failed_sink` only on a
+        sink's failure page."""
         return {
             "incident_id": self.incident_id,
             "status": self.status,
@@ -272,6 +290,7 @@ class Notice:
             # Only when set: receivers and stored notices without a console stay as they were.
             **({"incident_url": self.incident_url} if self.incident_url else {}),
             **({"approve_url": self.approve_url} if self.approve_url else {}),
+            **({"failed_sink": self.failed_sink} if self.failed_sink else {}),
         }
 
     @classmethod
@@ -316,6 +335,7 @@ class Notice:
             base_severity=base if base in SEVERITY_RANK else "warning",
             incident_url=_opt_str(data.get("incident_url")),
             approve_url=_opt_str(data.get("approve_url")),
+            failed_sink=_opt_str(data.get("failed_sink")),
         )
 
     @classmethod

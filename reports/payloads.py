@@ -101,7 +101,7 @@ def cloudevent(n: Notice, *, source: str) -> dict[str, Any]:
         "specversion": SPECVERSION,
         "id": n.dedup_key,
         "source": source,
-        "type": EVENT_TYPE_PREFIX + n.status,
+        "type": EVENT_TYPE_PREFIX + ("notification_failed" if n.failed_sink else n.status),
         "subject": n.incident_id,
         "time": rfc3339(n.time),
         "datacontenttype": "application/json",
@@ -170,18 +170,22 @@ def verify(
 # -- Alertmanager -----------------------------------------------------------------------------------
 
 ALERTNAME = "TrainmedicIncident"
+# The alert of a notice another sink could not deliver for good (labelled with that sink).
+ALERTNAME_SINK_FAILED = "TrainmedicNotificationFailed"
 MAX_LABEL_CHARS = 256
 
 
 def _latest_per_incident(ns: Sequence[Notice]) -> list[Notice]:
     """The newest notice of each incident, in the order incidents first appear."""
-    latest: dict[str, tuple[float, int, Notice]] = {}
+    latest: dict[tuple[str, str | None], tuple[float, int, Notice]] = {}
     for i, n in enumerate(ns):
-        seen = latest.get(n.incident_id)
+        # A sink's failure to deliver a notice is a page of its own, beside the incident's state.
+        key = (n.incident_id, n.failed_sink)
+        seen = latest.get(key)
         if seen is None or (n.time, i) >= seen[:2]:
-            latest[n.incident_id] = (n.time, i, n)
-    first = {n.incident_id: i for i, n in reversed(list(enumerate(ns)))}
-    return [v[2] for v in sorted(latest.values(), key=lambda v: first[v[2].incident_id])]
+            latest[key] = (n.time, i, n)
+    first = {(n.incident_id, n.failed_sink): i for i, n in reversed(list(enumerate(ns)))}
+    return [v[2] for v in sorted(latest.values(), key=lambda v: first[(v[2].incident_id, v[2].failed_sink)])]
 
 
 def _description(n: Notice, lang: str) -> str:
@@ -208,8 +212,9 @@ def alertmanager_alerts(ns: Sequence[Notice], *, generator_url: str | None = Non
     alerts: list[dict[str, Any]] = []
     for n in _latest_per_incident(ns):
         raw_labels: dict[str, str | None] = {
-            "alertname": ALERTNAME,
+            "alertname": ALERTNAME_SINK_FAILED if n.failed_sink else ALERTNAME,
             "incident": n.incident_id,
+            "failed_sink": n.failed_sink,
             "fault_class": n.fault_class,
             "code": n.code,
             "chip": n.chip,
@@ -471,9 +476,17 @@ def _title(ns: Sequence[Notice], lang: str) -> str:
         place = n.node or _job(n)
         if lang == "en":
             at = f" on {place}" if place else ""
-            return f"[{label(SEVERITY_TEXT, n.severity, 'en')}] {label(STATUS_TEXT, n.status, 'en')}: {what}{code}{at}"
+            failed = f"sink {n.failed_sink} failed permanently · " if n.failed_sink else ""
+            return (
+                f"[{label(SEVERITY_TEXT, n.severity, 'en')}] {failed}{label(STATUS_TEXT, n.status, 'en')}: "
+                f"{what}{code}{at}"
+            )
         at = f" · {place}" if place else ""
-        return f"【{label(SEVERITY_TEXT, n.severity, 'zh')}】{label(STATUS_TEXT, n.status, 'zh')}：{what}{code}{at}"
+        failed = f"通知渠道 {n.failed_sink} 永久投递失败 · " if n.failed_sink else ""
+        return (
+            f"【{label(SEVERITY_TEXT, n.severity, 'zh')}】{failed}{label(STATUS_TEXT, n.status, 'zh')}："
+            f"{what}{code}{at}"
+        )
     sev = _top_severity(ns)
     count = _L[lang]["updates"].format(n=len(ns))
     if lang == "en":
