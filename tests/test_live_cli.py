@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import fnmatch
 import json
-import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -308,18 +307,20 @@ async def test_node_reads_are_optional(
 async def test_a_slow_api_does_not_hang_the_command(
     env: Env, capsys: pytest.CaptureFixture[str], command: tuple[str, ...]
 ) -> None:
-    """The API holds every pod list for 6 s; with --timeout 1 the command gives up after about 1 s."""
+    """The API holds every pod list for a minute; with --timeout 1 the command gives up on its own
+    (the held answer never arrives: an answer would be an empty list and a different result)."""
     await oom_pytorchjob(env.cluster)
+    answered: list[bool] = []
 
     async def stall() -> dict[str, Any]:
-        await asyncio.sleep(6)
+        await asyncio.sleep(60)
+        answered.append(True)
         return {"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": []}
 
     view = env.kube.handler[kmock.action.LIST, kmock.resource("v1/pods")]
     view[len(list(view)) :] << (lambda _request: stall())
-    started = time.monotonic()
     rc, out, err = await cli(env, capsys, *command, "--timeout", "1", "--lang", "zh")
-    assert time.monotonic() - started < 4.5
+    assert not answered
     assert rc == 2 and out == ""
     assert "Kubernetes API 在 1 秒内未响应" in err
 
