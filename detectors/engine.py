@@ -290,6 +290,11 @@ class Engine:
                 # one occurrence whose traceback frames name an init call settles them all, since
                 # the first copy printed may have lost its frames to another rank's output.
                 resolved = self._phases.resolve(f.fault_class, lines.get(last), functools.partial(neighbour, idx=last))
+            if resolved is not f.fault_class:
+                # A rule's priority places its own class (a witness's "connection closed" below the
+                # peer's failure in training); once the phase makes it an init failure, the init
+                # class's weight applies: the group could not be built at all.
+                f.priority = None
             f.fault_class = resolved
 
     def _wrapped_candidates(
