@@ -110,3 +110,55 @@ def test_the_programs_own_failure_in_every_wording(
 def test_not_read_as_the_programs_own_failure(text: str, path: str, fast_engine: Engine, re_engine: Engine) -> None:
     rc = diagnose_text(text, _engine(path, fast_engine, re_engine)).root_cause
     assert rc is None or rc.fault_class is not FaultClass.APP_ERROR
+
+
+@pytest.mark.parametrize(
+    ("text", "fault_class", "code"),
+    [
+        # A launcher reporting a child's exit status: the workload failed, the child's own error is
+        # not in view (never the program's exception, although Python prints it as one).
+        pytest.param(
+            "subprocess.CalledProcessError: Command '['/usr/bin/python', '-u', 'train.py', '--local_rank=1']' "
+            "returned non-zero exit status 1.",
+            FaultClass.UNKNOWN,
+            "exit_1",
+            id="called-process-error",
+        ),
+        pytest.param(
+            "[ERROR] [launch.py:321:sigkill_handler] ['/usr/bin/python', '-u', 'train.py'] exits with return code = 1",
+            FaultClass.UNKNOWN,
+            "exit_1",
+            id="deepspeed-exit",
+        ),
+        pytest.param(
+            "[ERROR] [launch.py:324:sigkill_handler] ['/usr/bin/python3', '-u', 'clm.py'] exits with return code = -11",
+            FaultClass.APP_ERROR,
+            "sigsegv",
+            id="deepspeed-signal",
+        ),
+        pytest.param(
+            "srun: error: node12: task 3: Exited with exit code 2", FaultClass.UNKNOWN, "exit_2", id="srun-exit"
+        ),
+        pytest.param("srun: error: node12: task 3: Killed", FaultClass.PROCESS_KILLED, "sigkill", id="srun-killed"),
+    ],
+)
+@pytest.mark.parametrize("path", ["fast", "re"])
+def test_a_launchers_report_of_a_childs_exit(
+    text: str, fault_class: FaultClass, code: str, path: str, fast_engine: Engine, re_engine: Engine
+) -> None:
+    rc = diagnose_text(text, _engine(path, fast_engine, re_engine)).root_cause
+    assert rc is not None
+    assert (rc.fault_class, rc.code) == (fault_class, code)
+
+
+@pytest.mark.parametrize("path", ["fast", "re"])
+def test_a_launchers_report_never_outranks_the_cause(path: str, fast_engine: Engine, re_engine: Engine) -> None:
+    text = (
+        "[E ProcessGroupNCCL.cpp:737] [Rank 2] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=86645, "
+        "OpType=ALLREDUCE, Timeout(ms)=1800000) ran for 1805320 milliseconds before timing out.\n"
+        "subprocess.CalledProcessError: Command '['/usr/bin/python', '-u', 'train.py', '--local_rank=1']' "
+        "returned non-zero exit status 1.\n"
+    )
+    rc = diagnose_text(text, _engine(path, fast_engine, re_engine)).root_cause
+    assert rc is not None
+    assert rc.fault_class is FaultClass.HANG
