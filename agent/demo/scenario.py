@@ -559,7 +559,6 @@ def volcano_body(cluster: Cluster, sc: Scenario) -> dict[str, Any]:
                 {"name": "worker", "replicas": 1, "template": template()},
             ],
         },
-        "status": {"state": {"phase": "Pending"}},
     }
 
 
