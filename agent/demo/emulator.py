@@ -786,7 +786,7 @@ class Cluster:
         }
         # The CRD has a status subresource: the API server drops a status sent with the create. The
         # training-operator writes the Created condition through the subresource.
-        created = await self.create(PYTORCH_JOB, body)
+        await self.create(PYTORCH_JOB, body)
         now = rfc3339()
         created_condition = {
             "type": "Created",
