@@ -703,8 +703,8 @@ class Cluster:
         }
         # The CRD has a status subresource: the API server drops a status sent with the create. The
         # job controller's first sync writes it (Pending) through the subresource.
-        created = await self.create(VOLCANO_JOB, body)
-        return await self.set_volcano_phase(created, "Pending")
+        await self.create(VOLCANO_JOB, body)
+        return await self.patch(VOLCANO_JOB, namespace, name, {"status": {"state": {"phase": "Pending"}}}, sub="status")
 
     async def create_volcano_pods(
         self, vcjob: Mapping[str, Any], *, pytorch_plugin: bool = True, from_template: bool = False
@@ -757,9 +757,9 @@ class Cluster:
                 )
         return pods
 
-    async def set_volcano_phase(self, vcjob: Mapping[str, Any], phase: str, **counts: int) -> dict[str, Any]:
+    async def set_volcano_phase(self, vcjob: Mapping[str, Any], phase: str, **counts: int) -> None:
         meta = vcjob["metadata"]
-        return await self.patch(
+        await self.patch(
             VOLCANO_JOB,
             meta["namespace"],
             meta["name"],
