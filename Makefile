@@ -24,7 +24,7 @@ KAFKA_HOME    := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/trainmedic/kafka-$(KAFKA
 KAFKA_STAMP   := $(KAFKA_HOME)/lib/.pom-$(shell sha256sum $(KAFKA_POM) | cut -c1-12)
 
 # The real control plane: the Kubernetes release tests/cluster/go.mod pins, built by build.sh into
-# a cache directory keyed by version (tests/servers/kubeplane.py finds it there).
+# a cache directory keyed by version (agent/demo/plane.py finds it there).
 KUBE_DIR     := tests/cluster
 KUBE_VERSION := $(shell awk '$$1 == "k8s.io/kubernetes" { print $$2 } $$1 == "require" && $$2 == "k8s.io/kubernetes" { print $$3 }' $(KUBE_DIR)/go.mod)
 KUBE_HOME    := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/trainmedic/kube-$(KUBE_VERSION)
