@@ -214,6 +214,10 @@ def _types() -> Counter[str]:
     return Counter(type(o).__name__ for o in gc.get_objects())
 
 
+# Counts beside the incidents by status in `incident_counts`.
+NOT_STATUSES = ("degraded", "open_final")
+
+
 def incident_counts(db: Path) -> Counter[str]:
     """Incidents by status, and how many were handled observe-only for want of room (`degraded`)."""
     if not db.exists():
@@ -224,9 +228,13 @@ def incident_counts(db: Path) -> Counter[str]:
             {str(k): int(n) for k, n in con.execute("SELECT status, count(*) FROM incidents GROUP BY status")}
         )
         (degraded,) = con.execute("SELECT count(*) FROM timeline WHERE kind = 'degraded'").fetchone()
+        (open_final,) = con.execute(
+            "SELECT count(*) FROM incidents WHERE status = 'open' AND json_extract(diagnosis, '$.final')"
+        ).fetchone()
     finally:
         con.close()
     counts["degraded"] = int(degraded)
+    counts["open_final"] = int(open_final)
     return counts
 
 
@@ -319,7 +327,7 @@ async def _soak(args: argparse.Namespace, bootstrap: str | None, api_client: Any
         incidents: dict[str, Any] = {}
         if responder:
             during = await asyncio.to_thread(incident_counts, db)
-            settled = sum(n for k, n in during.items() if k not in ("open", "degraded"))
+            settled = sum(n for k, n in during.items() if k not in NOT_STATUSES)
             waited = 0.0
             while waited < args.settle_s:  # the brain and the responder go on; the load has stopped
                 await asyncio.sleep(1.0)
@@ -327,10 +335,13 @@ async def _soak(args: argparse.Namespace, bootstrap: str | None, api_client: Any
             after = await asyncio.to_thread(incident_counts, db)
             incidents = {
                 "responder_incidents_per_s": round(settled / seconds, 2),
-                "soak_incidents": sum(n for k, n in after.items() if k != "degraded"),
+                "soak_incidents": sum(n for k, n in after.items() if k not in NOT_STATUSES),
                 "soak_incidents_pending_end": after.get("open", 0),
+                # Of those, the ones whose final diagnosis came (the responder is behind on them); the
+                # rest still wait for one (the brain's part).
+                "soak_incidents_pending_final_end": after.get("open_final", 0),
                 "soak_incidents_degraded": after.get("degraded", 0),
-                "soak_incidents_by_status": {k: n for k, n in sorted(after.items()) if k != "degraded"},
+                "soak_incidents_by_status": {k: n for k, n in sorted(after.items()) if k not in NOT_STATUSES},
                 "soak_settle_s": args.settle_s,
             }
         lines_in = lines_read()
@@ -376,6 +387,195 @@ async def _soak(args: argparse.Namespace, bootstrap: str | None, api_client: Any
         }
 
 
+def _diagnosis(namespace: str, name: str, node: str, n: int) -> Any:
+    """A final diagnosis of a job with an Xid 79 root cause on `node` (what the brain publishes)."""
+    from trainmedic.events import DiagnosisEvent
+    from trainmedic.models import Chip, Diagnosis, FaultClass, Finding, I18nText, RootCause, Severity
+
+    now = time.time()
+    rc = RootCause(
+        fault_class=FaultClass.DEVICE_ERROR,
+        chip=Chip.NVIDIA,
+        code="xid:79",
+        node=node,
+        device="0",
+        summary=I18nText(en="GPU has fallen off the bus", zh="GPU 掉卡"),
+        rule_id="nvidia.xid.79",
+        severity=Severity.CRITICAL,
+    )
+    finding = Finding.model_validate(
+        {
+            "rule_id": "nvidia.xid.79",
+            "fault_class": "device_error",
+            "chip": "nvidia",
+            "code": "xid:79",
+            "source": "kernel",
+            "line_no": 1,
+            "text": "NVRM: Xid (PCI:0000:3b:00): 79, pid=2876, name=python, GPU has fallen off the bus.",
+            "node": node,
+            "timestamp": now - 1,
+            "severity": "critical",
+        }
+    )
+    return DiagnosisEvent(
+        diagnosis_id=f"d-{namespace}-{name}-{n}",
+        final=True,
+        job=JobRef(namespace=namespace, name=name, kind="Job", api_version="batch/v1"),
+        node=node,
+        window_start=now - 5,
+        window_end=now,
+        diagnosis=Diagnosis(root_cause=rc, findings=[finding]),
+    )
+
+
+def _ceiling_job(namespace: str, name: str) -> dict[str, Any]:
+    """A one-pod batch/v1 Job (a small CPU request: many fit on the KWOK nodes)."""
+    limits = {"cpu": "10m", "memory": "16Mi"}
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "backoffLimit": 0,
+            "template": {
+                "spec": {
+                    "restartPolicy": "Never",
+                    "terminationGracePeriodSeconds": 0,
+                    "containers": [
+                        {
+                            "name": "trainer",
+                            "image": "registry.example/train:1",
+                            "command": ["torchrun"],
+                            "resources": {"limits": limits, "requests": limits},
+                        }
+                    ],
+                }
+            },
+        },
+    }
+
+
+async def _ceiling_run(
+    args: argparse.Namespace, api_client: Any, jobs: list[tuple[str, str]], tmp: Path
+) -> dict[str, Any]:
+    """Publish `--ceiling` final diagnoses of `jobs` (name, node) at once on the agent's bus; the rate at
+    which the responder settles them (every one leaves `open`), with nothing shed."""
+    from trainmedic.events import job_key
+
+    n = args.ceiling
+    settings = Settings.model_validate(
+        {
+            "log_format": "text",
+            "log_level": "WARNING",
+            "kubernetes": {"enabled": True, "follow_pod_logs": False},
+            "logs": {"enabled": False},
+            "kernel": {"source": "off"},
+            "metrics": {"nvml": False},
+            "api": {"enabled": False},
+            "remediate": {
+                "enabled": True,
+                "mode": "observe",
+                "stacks": False,
+                "store": f"{tmp}/tm.db",
+                "scene_dir": f"{tmp}/scenes",
+                # The ceiling of full handling: room for every diagnosis, so none is shed.
+                "max_pending": max(n, 1),
+            },
+        }
+    )
+    agent = build_agent(settings, Role.ALL, api_client=api_client)
+    responder = agent.responder
+    if responder is None:
+        raise SystemExit(f"--ceiling: the responder did not start: {agent.disabled.get('responder')}")
+    runner = asyncio.create_task(run_agent(agent))
+    await agent.started.wait()
+    await responder.ready.wait()
+    await asyncio.sleep(2.0)  # the watchers' first lists
+    t0 = time.monotonic()
+    for i in range(n):
+        name, node = jobs[i % len(jobs)]
+        d = _diagnosis(CEILING_NS, name, node, i)
+        await agent.bus.publish(Topic.DIAGNOSES, make_event(d, producer="soak", key=job_key(CEILING_NS, name)))
+    deadline = t0 + args.ceiling_timeout_s
+    while len(responder.handled) < n and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+    elapsed = time.monotonic() - t0
+    done = len(responder.handled)
+    counts = await asyncio.to_thread(incident_counts, Path(tmp) / "tm.db")
+    agent.stop.set()
+    await asyncio.wait_for(runner, 60)
+    return {
+        "responder_incidents_per_s": round(done / elapsed, 2),
+        "responder_ceiling_incidents": n,
+        "responder_ceiling_settled": done,
+        "responder_ceiling_s": round(elapsed, 1),
+        "responder_ceiling_jobs": len(jobs),
+        "responder_ceiling_by_status": {k: v for k, v in sorted(counts.items()) if k not in NOT_STATUSES},
+        "responder_ceiling_degraded": counts.get("degraded", 0),
+        "responder_ceiling_max_concurrent": settings.remediate.max_concurrent,
+        "responder_ceiling_mode": "observe",
+    }
+
+
+CEILING_NS = "soak"
+
+
+def ceiling(args: argparse.Namespace) -> dict[str, Any]:
+    """`responder_incidents_per_s` against the real kube-apiserver with KWOK nodes (`--plane real`,
+    tests/servers/kubeplane.py: etcd, kube-apiserver, controller manager, scheduler, six KWOK nodes, in
+    their own processes) or the in-process API emulator (`--plane emulator`, no jobs: every lookup
+    answers 404)."""
+    with tempfile.TemporaryDirectory(prefix="tm-ceiling-") as tmp:
+        if args.plane == "emulator":
+            from agent.demo.emulator import KubeEmulator
+
+            async def on_emulator() -> dict[str, Any]:
+                async with KubeEmulator() as kube:
+                    jobs = [(f"job-{j:04d}", f"gpu-node-{j % 6}") for j in range(args.ceiling_jobs)]
+                    return await _ceiling_run(args, kube.api_client(), jobs, Path(tmp))
+
+            out = asyncio.run(on_emulator())
+            out["responder_ceiling_plane"] = "emulator"
+            return out
+        tests = str(ROOT / "tests")
+        if tests not in sys.path:
+            sys.path.insert(0, tests)
+        from servers import kubeplane
+
+        gone = kubeplane.missing()
+        if gone:
+            raise SystemExit(f"--plane real: the control plane is not built ({', '.join(gone)}); run `make cluster`")
+        plane = kubeplane.KubePlane(Path(tmp) / "plane")
+        try:
+            started = time.monotonic()
+            plane.start()
+            plane.apply([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": CEILING_NS}}])
+            names = [f"job-{j:04d}" for j in range(args.ceiling_jobs)]
+            for name in names:
+                plane.request("POST", f"/apis/batch/v1/namespaces/{CEILING_NS}/jobs", _ceiling_job(CEILING_NS, name))
+            where: dict[str, str] = {}
+            limit = time.monotonic() + 180
+            while len(where) < len(names) and time.monotonic() < limit:
+                pods = plane.request("GET", f"/api/v1/namespaces/{CEILING_NS}/pods")["items"]
+                for p in pods:
+                    if (p.get("status") or {}).get("phase") == "Running":
+                        where[p["metadata"]["labels"]["job-name"]] = p["spec"]["nodeName"]
+                time.sleep(1.0)
+            print(
+                f"real plane up and {len(where)} of {len(names)} jobs Running in {time.monotonic() - started:.0f} s",
+                file=sys.stderr,
+            )
+            jobs = [(name, where.get(name, "gpu-1")) for name in names]
+            out = asyncio.run(_ceiling_run(args, plane.api_client(), jobs, Path(tmp)))
+            out["responder_ceiling_plane"] = (
+                f"kube-apiserver {kubeplane.kube_version()} with {len(plane.nodes)} KWOK nodes"
+            )
+            out["responder_ceiling_jobs_running"] = len(where)
+        finally:
+            plane.stop()
+        return out
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--minutes", type=float, default=30.0)
@@ -389,6 +589,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--bus", choices=("memory", "kafka"), default="memory", help="the agent's bus.kind")
     p.add_argument("--responder", action="store_true", help="run the responder (observe mode, API emulator)")
     p.add_argument("--settle-s", type=float, default=60.0, help="with --responder: wait after the load")
+    p.add_argument(
+        "--ceiling",
+        type=int,
+        default=0,
+        metavar="N",
+        help="instead of the soak: the responder's ceiling, N final diagnoses at once (responder_incidents_per_s)",
+    )
+    p.add_argument("--ceiling-jobs", type=int, default=50, help="with --ceiling: jobs the diagnoses are about")
+    p.add_argument("--ceiling-timeout-s", type=float, default=300.0)
+    p.add_argument("--plane", choices=("real", "emulator"), default="real", help="with --ceiling: the API server")
     p.add_argument("--tracemalloc", action="store_true")
     p.add_argument("--results", type=Path, default=None, help="merge the figures into this JSON file")
     return p.parse_args(argv)
@@ -413,7 +623,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.tracemalloc:
         tracemalloc.start(1)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
-    out = _with_kafka(args) if args.bus == "kafka" else asyncio.run(soak(args))
+    if args.ceiling > 0:
+        out = ceiling(args)
+    elif args.bus == "kafka":
+        out = _with_kafka(args)
+    else:
+        out = asyncio.run(soak(args))
     print(json.dumps(out, indent=2))
     if args.results is not None:
         results = json.loads(args.results.read_text()) if args.results.exists() else {}
