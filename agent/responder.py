@@ -163,45 +163,6 @@ class _Work:
     degraded: str | None = None
 
 
-class _Slots:
-    """`n` slots for the work of different keys at once (`remediate.max_concurrent`, which also sizes
-    the API client's connections and threads). A slot that frees goes to the oldest waiter shed to
-    observe-only if there is one, else to the oldest waiter: over its bounds the responder settles
-    the oldest diagnoses first (a few store writes each) instead of letting them wait behind full
-    scenes and plans."""
-
-    def __init__(self, n: int) -> None:
-        self.free = n
-        self._waiters: OrderedDict[int, tuple[_Work, asyncio.Future[None]]] = OrderedDict()
-
-    async def take(self, work: _Work) -> None:
-        if self.free > 0 and not self._waiters:
-            self.free -= 1
-            return
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters[work.seq] = (work, fut)
-        try:
-            await fut
-        except asyncio.CancelledError:
-            self._waiters.pop(work.seq, None)
-            if fut.done() and not fut.cancelled():
-                self.give()  # handed a slot as it was cancelled: pass it on
-            raise
-
-    def give(self) -> None:
-        chosen = next((seq for seq, (w, _) in self._waiters.items() if w.degraded is not None), None)
-        if chosen is None and self._waiters:
-            chosen = next(iter(self._waiters))
-        if chosen is None:
-            self.free += 1
-            return
-        _, fut = self._waiters.pop(chosen)
-        fut.set_result(None)
-
-    def waiting(self) -> int:
-        return len(self._waiters)
-
-
 @dataclass
 class _KeyWorker:
     queue: asyncio.Queue[_Work]
@@ -257,7 +218,7 @@ class Responder:
         self._waiting: OrderedDict[int, _Work] = OrderedDict()
         self._queued = 0  # every queued item, degraded ones included
         self._seq = 0
-        self._slots = _Slots(self.settings.max_concurrent)
+        self._slots = asyncio.Semaphore(self.settings.max_concurrent)
         self.degraded = 0
         self.changed = asyncio.Event()
 
@@ -364,12 +325,9 @@ class Responder:
                     return
                 continue
             try:
-                await self._slots.take(work)
-                try:
+                async with self._slots:
                     self._waiting.pop(work.seq, None)
                     await work.run(work)
-                finally:
-                    self._slots.give()
             except Exception:  # one incident's bug must not stop the others; it is in the log and the store
                 log.exception("responding for %s failed", key)
             finally:
