@@ -47,6 +47,7 @@ import gc
 import json
 import logging
 import os
+import shutil
 import sqlite3
 import statistics
 import sys
@@ -239,12 +240,54 @@ def incident_counts(db: Path) -> Counter[str]:
 
 
 async def soak(args: argparse.Namespace, bootstrap: str | None = None) -> dict[str, Any]:
-    if args.responder:
+    if args.responder and args.plane == "emulator":
         from agent.demo.emulator import KubeEmulator
 
         async with KubeEmulator() as kube:
-            return await _soak(args, bootstrap, kube.api_client())
+            out = await _soak(args, bootstrap, kube.api_client())
+            out["soak_responder_plane"] = "emulator"
+            return out
+    if args.responder:
+        plane = _start_plane()
+        try:
+            out = await _soak(args, bootstrap, plane.api_client())
+        finally:
+            await asyncio.to_thread(_stop_plane, plane)
+        out["soak_responder_plane"] = _plane_name(plane)
+        return out
     return await _soak(args, bootstrap, None)
+
+
+def _start_plane() -> Any:
+    """tests/servers/kubeplane.py's real control plane (etcd, kube-apiserver, controller manager,
+    scheduler, six KWOK nodes), in its own processes, with the soak's namespace."""
+    tests = str(ROOT / "tests")
+    if tests not in sys.path:
+        sys.path.insert(0, tests)
+    from servers import kubeplane
+
+    gone = kubeplane.missing()
+    if gone:
+        raise SystemExit(f"--plane real: the control plane is not built ({', '.join(gone)}); run `make cluster`")
+    plane = kubeplane.KubePlane(Path(tempfile.mkdtemp(prefix="tm-soak-plane-")))
+    try:
+        plane.start()
+        plane.apply([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": CEILING_NS}}])
+    except BaseException:
+        _stop_plane(plane)
+        raise
+    return plane
+
+
+def _stop_plane(plane: Any) -> None:
+    plane.stop()
+    shutil.rmtree(plane.dir, ignore_errors=True)
+
+
+def _plane_name(plane: Any) -> str:
+    from servers import kubeplane
+
+    return f"kube-apiserver {kubeplane.kube_version()} with {len(plane.nodes)} KWOK nodes"
 
 
 async def _soak(args: argparse.Namespace, bootstrap: str | None, api_client: Any) -> dict[str, Any]:
@@ -537,19 +580,9 @@ def ceiling(args: argparse.Namespace) -> dict[str, Any]:
             out = asyncio.run(on_emulator())
             out["responder_ceiling_plane"] = "emulator"
             return out
-        tests = str(ROOT / "tests")
-        if tests not in sys.path:
-            sys.path.insert(0, tests)
-        from servers import kubeplane
-
-        gone = kubeplane.missing()
-        if gone:
-            raise SystemExit(f"--plane real: the control plane is not built ({', '.join(gone)}); run `make cluster`")
-        plane = kubeplane.KubePlane(Path(tmp) / "plane")
+        started = time.monotonic()
+        plane = _start_plane()
         try:
-            started = time.monotonic()
-            plane.start()
-            plane.apply([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": CEILING_NS}}])
             names = [f"job-{j:04d}" for j in range(args.ceiling_jobs)]
             for name in names:
                 plane.request("POST", f"/apis/batch/v1/namespaces/{CEILING_NS}/jobs", _ceiling_job(CEILING_NS, name))
@@ -567,12 +600,10 @@ def ceiling(args: argparse.Namespace) -> dict[str, Any]:
             )
             jobs = [(name, where.get(name, "gpu-1")) for name in names]
             out = asyncio.run(_ceiling_run(args, plane.api_client(), jobs, Path(tmp)))
-            out["responder_ceiling_plane"] = (
-                f"kube-apiserver {kubeplane.kube_version()} with {len(plane.nodes)} KWOK nodes"
-            )
+            out["responder_ceiling_plane"] = _plane_name(plane)
             out["responder_ceiling_jobs_running"] = len(where)
         finally:
-            plane.stop()
+            _stop_plane(plane)
         return out
 
 
@@ -598,7 +629,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--ceiling-jobs", type=int, default=50, help="with --ceiling: jobs the diagnoses are about")
     p.add_argument("--ceiling-timeout-s", type=float, default=300.0)
-    p.add_argument("--plane", choices=("real", "emulator"), default="real", help="with --ceiling: the API server")
+    p.add_argument(
+        "--plane",
+        choices=("real", "emulator"),
+        default="real",
+        help="with --responder or --ceiling: the real kube-apiserver with KWOK nodes, or the API emulator",
+    )
     p.add_argument("--tracemalloc", action="store_true")
     p.add_argument("--results", type=Path, default=None, help="merge the figures into this JSON file")
     return p.parse_args(argv)
