@@ -19,13 +19,22 @@ responder), and a paced publisher in the same process feeds its bus as the watch
 bus being `bus.kind: kafka` as a production brain has it. The broker's own memory is not the
 agent's: the RSS measured is this process's only. Its slope is `soak_rss_slope_mb_per_min`.
 
-`--responder` also runs the responder, as `--role all` builds it, in observe mode against the
-in-process API emulator (agent/demo/emulator.py, an empty cluster: the faulting jobs have no
-objects there, so each incident is opened, its scene gathered from what the API has, and closed
-`observed`). It adds `responder_incidents_per_s` (incidents that left `open` during the load, per
-second of load: at most the diagnoses' rate, not the responder's ceiling), `soak_incidents`,
-`soak_incidents_pending_end` (still `open` `--settle-s` after the load stopped) and
-`soak_incidents_degraded` (handled observe-only because the queue was full).
+`--responder` also runs the responder, as `--role all` builds it, in observe mode against the real
+kube-apiserver with six KWOK nodes (`--plane real`, the default: tests/servers/kubeplane.py, in its
+own processes, from the binaries `make cluster` caches) or the in-process API emulator (`--plane
+emulator`, agent/demo/emulator.py: it takes most of the agent's loop itself, so it measures the
+emulator). The soak's jobs have no objects there, so each incident is opened, its scene gathered
+from what the API has, and closed `observed`. It adds `soak_incidents_settled_per_s` (incidents
+that left `open` during the load, per second of load: at most the diagnoses' rate, not the
+responder's ceiling), `soak_incidents`, `soak_incidents_pending_end` (still `open` `--settle-s`
+after the load stopped; `soak_incidents_pending_final_end` of them had their final diagnosis) and
+`soak_incidents_degraded` (handled observe-only because more than `remediate.max_pending` waited).
+
+`--ceiling N` measures the responder's ceiling instead, `responder_incidents_per_s`: the agent as
+above with nothing published but N final diagnoses at once, about `--ceiling-jobs` one-pod batch
+Jobs Running on the KWOK nodes (so each scene has a workload, pods, logs, events and nodes), with
+room for all of them (`remediate.max_pending` = N: none is shed); N over the seconds until every
+incident has left `open`.
 
 Figures (one JSON object on stdout, and merged into bench/results.json with `--results`):
 `soak_minutes`, `soak_bus`, `soak_memory_bus_rss_slope_mb_per_min` (least squares over the RSS
@@ -44,6 +53,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import importlib
 import json
 import logging
 import os
@@ -264,8 +274,7 @@ def _start_plane() -> Any:
     tests = str(ROOT / "tests")
     if tests not in sys.path:
         sys.path.insert(0, tests)
-    from servers import kubeplane
-
+    kubeplane: Any = importlib.import_module("servers.kubeplane")
     gone = kubeplane.missing()
     if gone:
         raise SystemExit(f"--plane real: the control plane is not built ({', '.join(gone)}); run `make cluster`")
@@ -285,8 +294,7 @@ def _stop_plane(plane: Any) -> None:
 
 
 def _plane_name(plane: Any) -> str:
-    from servers import kubeplane
-
+    kubeplane: Any = importlib.import_module("servers.kubeplane")
     return f"kube-apiserver {kubeplane.kube_version()} with {len(plane.nodes)} KWOK nodes"
 
 
@@ -377,7 +385,7 @@ async def _soak(args: argparse.Namespace, bootstrap: str | None, api_client: Any
                 waited += 1.0
             after = await asyncio.to_thread(incident_counts, db)
             incidents = {
-                "responder_incidents_per_s": round(settled / seconds, 2),
+                "soak_incidents_settled_per_s": round(settled / seconds, 2),
                 "soak_incidents": sum(n for k, n in after.items() if k not in NOT_STATUSES),
                 "soak_incidents_pending_end": after.get("open", 0),
                 # Of those, the ones whose final diagnosis came (the responder is behind on them); the

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
+from collections.abc import Callable
 
 import pytest
 from kubernetes import client as kclient
@@ -24,13 +25,16 @@ async def test_calls_in_flight_at_once_are_not_capped_by_the_default_executor(ca
     loop.set_default_executor(concurrent.futures.ThreadPoolExecutor(max_workers=1))
     ops = KubeOps(kclient.ApiClient(kclient.Configuration()), pool_maxsize=calls)
     barrier = threading.Barrier(calls, timeout=30)  # broken (an error) unless every call runs at once
+
+    def call(i: int) -> Callable[[], int]:
+        def run() -> int:
+            barrier.wait()
+            return i
+
+        return run
+
     try:
-        got = await asyncio.gather(
-            *(
-                ops._retrying(_What("get", NODES, name=f"n{i}"), lambda i=i: (barrier.wait(), i)[1])
-                for i in range(calls)
-            )
-        )
+        got = await asyncio.gather(*(ops._retrying(_What("get", NODES, name=f"n{i}"), call(i)) for i in range(calls)))
     finally:
         ops.close()
     assert sorted(got) == list(range(calls))
