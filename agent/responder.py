@@ -76,7 +76,7 @@ from remediations.errors import (
 from remediations.kube import KubeError, KubeOps, PermanentKubeError, problem_condition
 from remediations.policy import ActionName, Mode, Plan, Policy, PolicyContext
 from remediations.policy_state import PolicyState
-from remediations.scene import SceneInputs, SceneSettings, save_scene
+from remediations.scene import SceneInputs, SceneSettings, save_scene, warm_redactor
 from remediations.stacks import ExecResult, StackSource, exec_in_pod
 from trainmedic.events import DiagnosisEvent, IncidentEvent, JobRef, Topic, make_event
 from trainmedic.models import FaultClass, I18nText, RootCause
@@ -231,6 +231,7 @@ class Responder:
         consumer = self.bus.consumer([Topic.DIAGNOSES.value], self.settings.group)
         await consumer.start()
         try:
+            await asyncio.to_thread(warm_redactor)  # not on the loop with the first scene
             await self.resume()
             self.ready.set()
             last_poll = self.clock()
