@@ -3,7 +3,8 @@
 agent/config.py documents every setting where it is defined (kopf's style: grouped, attribute by
 attribute). This module walks that model and writes the reference people read: one Markdown
 table per settings group with each field's type, default, environment variable and description.
-`trainmedic config reference` prints it and the README's configuration section is made from it.
+`trainmedic config reference` prints it, and docs/configuration.md is that output (tests/test_docs.py
+fails when the page is stale).
 
 The walk is generic: a field whose type is a settings model is a group (its environment variables
 get one more `__` level); a list or map of models (notification sinks) is documented as an item
@@ -260,11 +261,15 @@ def _cell(text: str) -> str:
     return " ".join(text.split()).replace("|", "\\|")
 
 
-def reference_markdown(model: type[BaseModel] = Settings, *, heading_level: int = 2) -> str:
+def reference_markdown(model: type[BaseModel] = Settings, *, heading_level: int = 1) -> str:
     """The configuration reference as Markdown: an introduction, then one table per group."""
     h = "#" * heading_level
     lines = [
         f"{h} Configuration reference",
+        "",
+        "Generated from the settings model (`agent/config.py`) by `trainmedic config reference`; "
+        "`trainmedic config show [--config FILE]` prints the effective values (file and environment) "
+        "with secrets hidden.",
         "",
         "Every setting has a default (only fields of list items can be required), so an empty file "
         "(or none) runs the embedded setup. Settings come "

@@ -172,14 +172,10 @@ def test_cli_show_lists_every_problem(tmp_path: Path, capsys: pytest.CaptureFixt
     assert "bus.kind" in err and "api.port" in err
 
 
-def test_readme_carries_the_generated_reference() -> None:
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
-    start, end = "<!-- config-reference:start -->\n", "\n<!-- config-reference:end -->"
-    assert start in readme and end in readme, "README.md lost its config-reference markers"
-    block = readme[readme.index(start) + len(start) : readme.index(end)]
-    assert block == reference_markdown(heading_level=2).rstrip("\n"), (
-        "README.md's configuration reference is stale: replace the block between the markers with "
-        "the output of `trainmedic config reference`"
+def test_docs_page_is_the_generated_reference() -> None:
+    page = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
+    assert page.read_text(encoding="utf-8") == reference_markdown(), (
+        "docs/configuration.md is stale: regenerate it with `trainmedic config reference > docs/configuration.md`"
     )
 
 

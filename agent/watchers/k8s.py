@@ -655,6 +655,13 @@ _ACCEL_PREFIXES = ("nvidia.com/gpu", "nvidia.com/mig-", "huawei.com/Ascend", "ca
 _CHIP_BY_PREFIX = (("nvidia.com/", "nvidia"), ("huawei.com/Ascend", "ascend"), ("cambricon.com/mlu", "cambricon"))
 
 
+def is_accelerator_resource(name: str, plugin_resources: Mapping[str, str] | None = None) -> bool:
+    """A resource name of an accelerator: a vendor device plugin's (NVIDIA GPUs and MIG slices,
+    Huawei Ascend NPUs, Cambricon MLUs) or one a udal plugin declares."""
+    plugin_resources = _plugin_resources() if plugin_resources is None else plugin_resources
+    return name.startswith(_ACCEL_PREFIXES) or name in plugin_resources
+
+
 def _plugin_resources() -> dict[str, str]:
     out: dict[str, str] = {}
     with contextlib.suppress(Exception):  # a broken third-party plugin must not stop node watching

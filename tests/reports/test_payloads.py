@@ -408,7 +408,7 @@ def docstring_snippet() -> str:
 
 
 def test_the_documented_receiver_snippet_verifies_a_real_delivery(single: list[Notice]) -> None:
-    """The README quotes this snippet: it must accept what the sender signs and refuse tampering."""
+    """docs/notifications.md quotes this snippet: it must accept what the sender signs and refuse tampering."""
     scope: dict[str, Any] = {}
     exec(compile(docstring_snippet(), "<receiver snippet>", "exec"), scope)
     receiver_verify = scope["verify"]
