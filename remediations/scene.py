@@ -480,6 +480,12 @@ def _redactor(use_hyperscan: bool = True) -> _Redactor:
     return _Redactor(use_hyperscan=use_hyperscan)
 
 
+def warm_redactor() -> None:
+    """Build the redactor now (its regexes and Hyperscan database: a few hundred ms): callers on an
+    event loop run this in a thread at start, so the first scene does not build it on the loop."""
+    _redactor()
+
+
 def redact_text(text: str) -> tuple[str, int]:
     """Secrets in a text replaced (the same pass every file of a bundle goes through), and how many."""
     data, n = _redactor().redact_bytes(text.encode("utf-8", "surrogatepass"))
