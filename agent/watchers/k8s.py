@@ -651,17 +651,23 @@ def event_time(obj: Mapping[str, Any]) -> float | None:
     return None
 
 
-_ACCEL_PREFIXES = ("nvidia.com/gpu", "nvidia.com/mig-", "huawei.com/Ascend", "cambricon.com/mlu")
-_CHIP_BY_PREFIX = (("nvidia.com/", "nvidia"), ("huawei.com/Ascend", "ascend"), ("cambricon.com/mlu", "cambricon"))
-
-
 def _plugin_resources() -> dict[str, str]:
+    """Extended-resource names and prefixes (a key ending in "*") -> chip, from every chip plugin."""
     out: dict[str, str] = {}
     with contextlib.suppress(Exception):  # a broken third-party plugin must not stop node watching
         for plugin in load_plugins().values():
             for res in plugin.resource_names:
-                out[res] = plugin.chip.value
+                out.setdefault(res, plugin.chip.value)
+            for prefix in plugin.resource_prefixes:
+                out.setdefault(prefix + "*", plugin.chip.value)
     return out
+
+
+def _resource_chip(res: str, plugin_resources: Mapping[str, str]) -> str | None:
+    chip = plugin_resources.get(res)
+    if chip is not None:
+        return chip
+    return next((c for key, c in plugin_resources.items() if key.endswith("*") and res.startswith(key[:-1])), None)
 
 
 def _quantity(v: Any) -> int | None:
@@ -697,7 +703,7 @@ def node_status(obj: Mapping[str, Any], *, plugin_resources: Mapping[str, str] |
     capacity = _get(obj, "status", "capacity")
     if isinstance(capacity, Mapping):
         for res, qty in capacity.items():
-            if isinstance(res, str) and (res.startswith(_ACCEL_PREFIXES) or res in plugin_resources):
+            if isinstance(res, str) and _resource_chip(res, plugin_resources) is not None:
                 n = _quantity(qty)
                 if n is not None:
                     accelerators[res] = n
@@ -709,7 +715,7 @@ def node_status(obj: Mapping[str, Any], *, plugin_resources: Mapping[str, str] |
         for res, n in accelerators.items():
             if n <= 0:
                 continue
-            chip = plugin_resources.get(res) or next((c for p, c in _CHIP_BY_PREFIX if res.startswith(p)), None)
+            chip = _resource_chip(res, plugin_resources)
             if chip:
                 break
     return NodeStatus(
