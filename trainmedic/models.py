@@ -77,7 +77,8 @@ class Chip(str, metaclass=_ChipType):
 
         if not is_chip(text):
             raise ValueError(f"{text!r} is not a chip: no chip plugin of that name is installed")
-        return _CHIPS.setdefault(text, str.__new__(cls, text))
+        # Not interned: a plugin added at run time may go again (udal.registry.unregister).
+        return str.__new__(cls, text)
 
     @classmethod
     def _builtin(cls, name: str) -> Chip:
