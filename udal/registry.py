@@ -80,20 +80,27 @@ def _source_tree_table() -> dict[str, str]:
     )
 
 
+def _ours(ep: EntryPoint) -> bool:
+    return ep.dist is not None and ep.dist.name == DISTRIBUTION
+
+
 def builtin_plugins() -> dict[str, str]:
     """The plugins trainmedic itself ships, name -> "module:Class": its distribution's entry points,
     or, in a source tree that was never installed, the same table read from pyproject.toml."""
-    ours = {ep.name: ep.value for ep in entry_points(ENTRY_POINT_GROUP) if ep.dist and ep.dist.name == DISTRIBUTION}
+    ours = {ep.name: ep.value for ep in entry_points(ENTRY_POINT_GROUP) if _ours(ep)}
     return ours or _source_tree_table()
 
 
 def discover(eps: list[EntryPoint] | None = None) -> dict[str, ChipPlugin]:
-    """Plugins by name from the entry points (or the source tree's table when none are installed);
-    not cached."""
+    """Plugins by name from the entry points, plus the source tree's table when none of them is
+    trainmedic's own (a tree that was never installed, perhaps beside an installed chip); not cached."""
     found = list(entry_points(group=ENTRY_POINT_GROUP)) if eps is None else eps
-    if found:
-        return {ep.name: _instantiate(ep.name, ep.load()) for ep in found}
-    return {name: _instantiate(name, _load_target(target)) for name, target in _source_tree_table().items()}
+    plugins = {ep.name: _instantiate(ep.name, ep.load()) for ep in found}
+    if not any(_ours(ep) for ep in found):
+        for name, target in _source_tree_table().items():
+            if name not in plugins:
+                plugins[name] = _instantiate(name, _load_target(target))
+    return plugins
 
 
 def register(name: str, target: str) -> None:

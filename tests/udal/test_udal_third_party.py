@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from datetime import datetime
+from importlib.metadata import EntryPoint
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +70,19 @@ def test_the_name_goes_with_the_plugin() -> None:
 def test_register_refuses_a_name_that_cannot_be_a_chip(name: str) -> None:
     with pytest.raises(ValueError, match="not a chip name"):
         registry.register(name, TARGET)
+
+
+def test_an_installed_chip_beside_a_tree_never_installed_keeps_the_builtins() -> None:
+    ep = EntryPoint(name="zeta", value=TARGET, group=registry.ENTRY_POINT_GROUP)  # no trainmedic metadata
+    plugins = registry.discover(eps=[ep])
+    assert set(plugins) == set(registry.builtin_plugins()) | {"zeta"}
+    assert plugins["zeta"].chip == "zeta"
+
+
+def test_an_entry_point_must_carry_its_plugins_name() -> None:
+    ep = EntryPoint(name="zeta2", value=TARGET, group=registry.ENTRY_POINT_GROUP)
+    with pytest.raises(registry.PluginError, match=r"zeta2.*'zeta'"):
+        registry.discover(eps=[ep])
 
 
 @pytest.mark.parametrize("chip", ["nvidia", "ascend", "cambricon", "generic"])
