@@ -38,7 +38,8 @@ class FaultClass(StrEnum):
     UNKNOWN = "unknown"
 
 
-_CHIP_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,39}$")
+# What a chip's (a chip plugin's) name may look like.
+CHIP_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,39}$")
 
 
 class _ChipType(type):
@@ -71,7 +72,7 @@ class Chip(str, metaclass=_ChipType):
         known = _CHIPS.get(text)
         if known is not None:
             return known
-        if not _CHIP_NAME.match(text):
+        if not CHIP_NAME.match(text):
             raise ValueError(f"{text!r} is not a chip name (lower-case letters, digits, _ and -)")
         from udal.registry import is_chip  # the registry imports this module: asked at run time
 

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from trainmedic.models import Chip
+from trainmedic.models import CHIP_NAME, Chip
 from udal.base import CatalogEntry, ChipPlugin
 
 if TYPE_CHECKING:
@@ -31,7 +31,6 @@ if TYPE_CHECKING:
 
 ENTRY_POINT_GROUP = "trainmedic.chips"
 DISTRIBUTION = "trainmedic"
-_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,39}$")
 
 # Plugins added at run time beside the discovered ones, name -> "module:Class". The test suite
 # registers the `fake` test double (udal/fake.py) here: it is not an entry point, so no installed
@@ -105,7 +104,7 @@ def discover(eps: list[EntryPoint] | None = None) -> dict[str, ChipPlugin]:
 
 def register(name: str, target: str) -> None:
     """Add a plugin ("module:Class") beside the discovered ones, e.g. a test double; clears the cache."""
-    if not _NAME.match(name):
+    if not CHIP_NAME.match(name):
         raise ValueError(f"{name!r} is not a chip name (lower-case letters, digits, _ and -)")
     _REGISTERED[name] = target
     clear_cache()
