@@ -117,6 +117,24 @@ def test_a_node_is_detected_by_the_plugins_resources_and_labels(
     assert (status.chip, status.accelerators) == (zeta, accelerators)
 
 
+@pytest.mark.parametrize(
+    ("resource", "chip"),
+    [
+        ("nvidia.com/gpu", "nvidia"),
+        ("nvidia.com/gpu.shared", "nvidia"),
+        ("nvidia.com/mig-1g.10gb", "nvidia"),
+        ("huawei.com/Ascend910", "ascend"),
+        ("huawei.com/Ascend910-4c", "ascend"),
+        ("huawei.com/Ascend310P", "ascend"),
+        ("cambricon.com/mlu", "cambricon"),
+        ("cambricon.com/mlu370.smlu.vcore", "cambricon"),
+    ],
+)
+def test_the_builtin_plugins_resources_keep_their_chips(resource: str, chip: str) -> None:
+    status = node_status(_node({resource: "4"}))
+    assert (status.chip, status.accelerators) == (chip, {resource: 4})
+
+
 def test_a_node_with_no_plugins_resource_has_no_chip(zeta: str) -> None:
     status = node_status(_node({"other.example/fpga": "2"}))
     assert (status.chip, status.accelerators) == (None, {})
