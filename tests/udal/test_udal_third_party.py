@@ -1,6 +1,6 @@
 """A chip that trainmedic does not ship is one plugin: registered, every part of the pipeline knows it.
 
-The Zeta NPU (tests/udal/zetachip.py) is registered with `udal.registry.register` for these tests only;
+The Zeta NPU (tests/zetachip.py) is registered with `udal.registry.register` for these tests only;
 nothing outside its plugin names it. Each test checks one place that used to hard-code the built-in
 chips: the chip name itself, node detection by resource name, visible-devices and library variables,
 the Prometheus source, the metric rules, log rules, localisation, alerts.
