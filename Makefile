@@ -1,7 +1,8 @@
 # One entry point for every check, the same locally and in CI (.ci/run calls `make test`).
 #   make demo    six faults detected, healed or notified, on an emulated cluster (installs what it needs)
 #   make test    lint (ruff), types (mypy --strict), then the test suite (against real servers:
-#                Prometheus and Alertmanager from Debian, Apache Kafka from Maven Central, tansu)
+#                Prometheus and Alertmanager from Debian, Apache Kafka from Maven Central, tansu;
+#                the web console in Debian's Chromium)
 #   make kafka   Apache Kafka's jars for the bus tests, once per version (make test does it)
 #   make cluster the real Kubernetes control plane for tests/realplane (kube-apiserver,
 #                kube-controller-manager, kube-scheduler, etcd and KWOK built with Go), once per
@@ -29,7 +30,7 @@ KUBE_VERSION := $(shell awk '$$1 == "k8s.io/kubernetes" { print $$2 } $$1 == "re
 KUBE_HOME    := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/trainmedic/kube-$(KUBE_VERSION)
 KUBE_STAMP   := $(KUBE_HOME)/bin/.built-$(shell cat $(KUBE_DIR)/go.mod $(KUBE_DIR)/go.sum $(KUBE_DIR)/build.sh $(KUBE_DIR)/etcd/main.go | sha256sum | cut -c1-12)
 
-.PHONY: all venv servers kafka cluster helm check lint types test demo bench soak clean
+.PHONY: all venv servers browser kafka cluster helm check lint types test demo bench soak clean
 
 all: test
 
@@ -50,6 +51,14 @@ servers:
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends prometheus prometheus-alertmanager >/dev/null; }
+
+# Debian's Chromium and a CJK font for the console's browser tests (tests/test_console_browser.py
+# drives /usr/bin/chromium through playwright; playwright's own browser downloads are never used).
+browser:
+	@command -v chromium >/dev/null && fc-list :lang=zh 2>/dev/null | grep -q . || { \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends chromium fonts-wqy-microhei >/dev/null; }
 
 # Apache Kafka (KRaft) from Maven Central: the broker's jars and their dependencies, copied once
 # into $(KAFKA_HOME)/lib; tests/servers/kafka.py runs `java -cp 'lib/*' kafka.Kafka` on loopback
@@ -102,7 +111,7 @@ types: venv
 
 check: lint types
 
-test: check servers kafka cluster helm
+test: check servers browser kafka cluster helm
 	$(VENV)/bin/trainmedic rules test
 	$(PY) -m pytest -q
 

@@ -9,6 +9,7 @@
     POST /api/v1/incidents/{id}/approve|reject     {by, comment}: a person's decision on a pending plan
     POST /api/v1/diagnose                          uploaded logs -> the JSON of `trainmedic diagnose --format json`
     POST /api/v1/alertmanager                      Alertmanager webhook (payload version 4) -> input events
+    /console/...                                   the web console (agent/console; not in the OpenAPI schema)
 
 Why it is built this way:
 
@@ -109,6 +110,9 @@ OWN_ALERT_PREFIX = "Trainmedic"
 # Probes stay open (kubelet, load balancers); the schema and docs say nothing secret.
 OPEN_PATHS = frozenset({"/healthz", "/readyz", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+# The web console (agent/console) checks its own auth: a session cookie with a CSRF token on every
+# form, or this bearer token. Body limits still apply to it here.
+CONSOLE_PREFIX = "/console"
 # Metric label values stay bounded whatever method a client invents.
 KNOWN_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 # Labels that carry the alert's place and identity, copied into the event message.
@@ -522,7 +526,8 @@ class _Guard:
         path = str(scope.get("path", "/"))
         headers: list[tuple[bytes, bytes]] = list(scope.get("headers") or [])
         writes = method not in SAFE_METHODS
-        if writes or (self.read_auth and path not in OPEN_PATHS):
+        console = path == CONSOLE_PREFIX or path.startswith(CONSOLE_PREFIX + "/")
+        if not console and (writes or (self.read_auth and path not in OPEN_PATHS)):
             problem = self._auth_problem(headers)
             if problem is not None:
                 await _send_error(send, problem)
@@ -878,12 +883,15 @@ def create_app(
     fast: bool | None = None,
     producer: str = "api",
     env: Mapping[str, str] | None = None,
+    release_node: Callable[[str, str], Awaitable[bool]] | None = None,
 ) -> FastAPI:
     """The API over an incident store (None: the incident routes answer 503), the agent's telemetry,
     `ingest` (hands alert events to the brain; None: the Alertmanager receiver answers 503), `ready`
     (None: ready once serving), `render` (None: reports answer 503) and the diagnose engine (`engine`,
     or built on first use from the shipped rules plus `rule_dirs`, as `trainmedic diagnose` builds it;
-    an engine given here is this app's alone: its scans take turns, nothing else may scan with it)."""
+    an engine given here is this app's alone: its scans take turns, nothing else may scan with it).
+    With `api.console`, the web console is served under /console (agent/console); `release_node`
+    (node, incident id) is what its release button calls (None: the console says how to do it by hand)."""
     state = _State(
         settings=settings,
         store=store,
@@ -1197,6 +1205,10 @@ def create_app(
             events=len(conv.events),
         )
 
+    if settings.console:
+        from agent.console import mount_console
+
+        mount_console(app, store=store, settings=settings, token=token, render=render, release=release_node, env=env)
     return app
 
 

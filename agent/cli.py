@@ -1,7 +1,7 @@
 """`trainmedic` command line.
 
-    trainmedic diagnose (--logs PATH [PATH ...] | --scene DIR | --job [NS/]NAME) [--format text|json|markdown]
-                        [--lang en|zh]
+    trainmedic diagnose (--logs PATH [PATH ...] | --scene DIR | --job [NS/]NAME [--save DIR])
+                        [--format text|json|markdown] [--lang en|zh]
     trainmedic scan [-n NS | -A] [--format text|json] [--lang en|zh]
     trainmedic rules lint|test|list [--rules DIR ...]
     trainmedic run [--config FILE] [--role node|cluster|brain|all] [--check]
@@ -35,6 +35,7 @@ from trainmedic.errors import InputError, RuleLoadError
 
 if TYPE_CHECKING:
     from agent.config import Role, Settings
+    from agent.live import JobScene
     from detectors.engine import Engine
     from trainmedic.models import Diagnosis
 
@@ -103,6 +104,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="[NAMESPACE/]NAME",
         help="a job on the current kubeconfig's cluster (PyTorchJob, MPIJob, Volcano Job, Job, or any pod "
         "owner): its pods' current and previous logs, events and nodes, read only",
+    )
+    d.add_argument(
+        "--save",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="with --job: also write what was read as a scene bundle into DIR (new or empty), the "
+        "agent's layout, redacted; `diagnose --scene DIR` gives the same answer",
     )
     d.add_argument("--format", choices=("text", "json", "markdown"), default="text")
     d.add_argument(
@@ -279,6 +288,9 @@ def _diagnose(args: argparse.Namespace) -> int:
     except RuntimeError as exc:
         print(f"trainmedic: {exc}", file=sys.stderr)
         return EXIT_UNUSABLE
+    if args.save is not None and args.job is None:
+        print("trainmedic: --save DIR goes with --job (a live read to keep)", file=sys.stderr)
+        return EXIT_UNUSABLE
     if args.job is not None:
         from agent.live import LiveError
 
@@ -325,10 +337,11 @@ def terminal_safe(text: str) -> str:
 
 def _diagnose_scene(scene_dir: Path, engine: Engine) -> Diagnosis:
     """A saved scene bundle through the same core as `--logs`, each text attributed as the brain
-    attributed it live: kernel lines to their node, core/v1 events and pod statuses rendered as the
-    canonical lines the rules match, container logs to their pod, namespace, node and rank."""
+    attributed it live: kernel lines to their node, core/v1 events, node, workload and pod statuses
+    rendered as the canonical lines the rules match, container logs to their pod, namespace, node
+    and rank (agent.jobinputs, which `diagnose --job` shares)."""
     from agent.jobindex import rank_of
-    from agent.watchers.k8s import k8s_event, k8s_event_line, pod_status_input
+    from agent.jobinputs import job_inputs
     from detectors.diagnose import LogInput, diagnose_inputs
     from remediations.scene import load_scene
     from trainmedic.models import Source
@@ -336,7 +349,7 @@ def _diagnose_scene(scene_dir: Path, engine: Engine) -> Diagnosis:
     scene = load_scene(scene_dir, verify=True)
     pods = {str((p.get("metadata") or {}).get("name")): p for p in scene.pods()}
     logs = scene.logs()
-    inputs = [
+    kernel = [
         LogInput(
             name=log.rel,
             path=str(log.path),
@@ -348,32 +361,35 @@ def _diagnose_scene(scene_dir: Path, engine: Engine) -> Diagnosis:
         for log in logs
         if log.source is Source.KERNEL
     ]
-    by_node: dict[str | None, list[str]] = {}
-    for obj in scene.events():
-        ev = k8s_event(obj)
-        by_node.setdefault(ev.node, []).append(k8s_event_line(ev))
-    for node, lines in by_node.items():
-        inputs.append(LogInput(name="events", text="\n".join(lines).encode(), source=Source.K8S_EVENT, node=node))
-    for _, pod in sorted(pods.items()):
-        pod_input = pod_status_input(pod)
-        if pod_input is not None:
-            inputs.append(pod_input)
+    container_logs = []
     for log in logs:
         if log.source is not Source.CONTAINER_LOG:
             continue
         pod_obj = pods.get(log.pod or "")
         rank = log.rank if log.rank is not None else (rank_of(pod_obj) if pod_obj is not None else None)
-        inputs.append(
-            LogInput(
-                name=log.rel,
-                path=str(log.path),
-                source=Source.CONTAINER_LOG,
-                node=log.node,
-                pod=log.pod,
-                namespace=log.namespace,
-                rank=rank,
+        key = (log.pod or "", log.container or "", log.previous)
+        container_logs.append(
+            (
+                key,
+                LogInput(
+                    name=log.rel,
+                    path=str(log.path),
+                    source=Source.CONTAINER_LOG,
+                    node=log.node,
+                    pod=log.pod,
+                    namespace=log.namespace,
+                    rank=rank,
+                ),
             )
         )
+    inputs = job_inputs(
+        events=scene.events(),
+        nodes=scene.nodes(),
+        workload=scene.workload(),
+        pods=pods.values(),
+        logs=container_logs,
+        kernel=kernel,
+    )
     return diagnose_inputs(inputs, engine)
 
 
@@ -402,8 +418,10 @@ def _diagnose_job(args: argparse.Namespace, engine: Engine) -> Diagnosis:
     from agent.live import Reader, parse_job, with_ops
 
     namespace, name = parse_job(args.job, _live_namespace(args))
+    if args.save is not None:
+        _check_save_dir(args.save)
 
-    async def body(reader: Reader) -> Diagnosis:
+    async def body(reader: Reader) -> tuple[JobScene, Diagnosis]:
         reader.tail_lines = max(1, args.tail)
         scene = await reader.job(namespace, name)
         logs = sum(1 for t in scene.logs.values() if t)
@@ -416,10 +434,65 @@ def _diagnose_job(args: argparse.Namespace, engine: Engine) -> Diagnosis:
         for what in scene.skipped:
             skipped = "已跳过（无权限）" if args.lang == "zh" else "skipped (forbidden)"
             print(f"trainmedic: {skipped}: {what}", file=sys.stderr)
-        return scene.diagnose(engine)
+        return scene, scene.diagnose(engine)
 
-    result: Diagnosis = asyncio.run(with_ops(args.kubeconfig, args.context, args.timeout, body))
+    scene, diagnosis = asyncio.run(with_ops(args.kubeconfig, args.context, args.timeout, body))
+    if args.save is not None:
+        _save_live_scene(scene, diagnosis, args.save, args.lang)
+    result: Diagnosis = diagnosis
     return result
+
+
+def _check_save_dir(directory: Path) -> None:
+    """`--save DIR` must be new or an empty directory with a usable name: said before the cluster is read."""
+    from agent.live import LiveError
+    from remediations.scene import valid_bundle_name
+    from trainmedic.models import I18nText
+
+    if not valid_bundle_name(directory.absolute().name):
+        raise LiveError(
+            I18nText(
+                en=f"--save {directory}: a bundle directory's name is letters, digits, '.', '_' and '-'",
+                zh=f"--save {directory}：现场包目录名只能包含字母、数字、“.”、“_”和“-”",
+            )
+        )
+    if directory.exists() and not (directory.is_dir() and not any(directory.iterdir())):
+        raise LiveError(
+            I18nText(
+                en=f"--save {directory}: exists and is not empty: choose a new directory",
+                zh=f"--save {directory}：已存在且不为空，请指定一个新目录",
+            )
+        )
+
+
+def _save_live_scene(scene: JobScene, diagnosis: Diagnosis, directory: Path, lang: str) -> None:
+    """`diagnose --job --save DIR`: the bundle of what was read (LiveError when it cannot be written)."""
+    import asyncio
+    import time
+
+    from agent.live import LiveError
+    from remediations.scene import SceneError
+    from trainmedic.models import I18nText
+
+    try:
+        # The read is done: the bundle is written outside the read's deadline.
+        result = asyncio.run(scene.save(directory, diagnosis, now=time.time()))
+    except (SceneError, OSError) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise LiveError(
+            I18nText(
+                en=f"--save {directory}: cannot write the scene: {first}",
+                zh=f"--save {directory}：无法写入现场包：{first}",
+            )
+        ) from exc
+    files = len(result.manifest.get("files") or [])
+    if lang == "zh":
+        said = f"现场包已保存到 {result.dir}（{files} 个文件）；重新诊断：trainmedic diagnose --scene {result.dir}"
+    else:
+        said = (
+            f"scene saved to {result.dir} ({files} files); diagnose it again: trainmedic diagnose --scene {result.dir}"
+        )
+    print(f"trainmedic: {said}", file=sys.stderr)
 
 
 def _scan(args: argparse.Namespace) -> int:

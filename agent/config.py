@@ -347,6 +347,39 @@ class ApiSettings(_Group):
     )
     max_files: int = Field(64, ge=1, le=10_000, description="Most log files one diagnose request may upload.")
     shutdown_timeout_s: float = Field(5.0, gt=0, description="How long requests in flight may finish at shutdown.")
+    console: bool = Field(True, description="Serve the web console at /console (incidents, approvals, node release).")
+    public_url: str | None = Field(
+        None,
+        description="Base URL people reach this API at (e.g. https://trainmedic.ops): chat messages then link to "
+        "the incident's console page and carry a signed approve link for plans awaiting approval.",
+    )
+    console_secret: SecretStr | None = Field(
+        None,
+        description="Key material for console sessions, CSRF tokens and signed approve links; prefer "
+        "console_secret_env or console_secret_file. Unset: derived from the API token. Never logged.",
+    )
+    console_secret_env: str | None = Field(None, description="Name of an environment variable holding console_secret.")
+    console_secret_file: str | None = Field(None, description="File holding console_secret (a mounted Secret).")
+    session_ttl_s: float = Field(
+        43_200.0, ge=60, le=30 * 86_400, description="How long a console login lasts (the signed cookie expires)."
+    )
+    approve_link_ttl_s: float = Field(
+        86_400.0, ge=60, le=30 * 86_400, description="How long a signed approve link in a chat message stays valid."
+    )
+
+    @model_validator(mode="after")
+    def _check_public_url(self) -> ApiSettings:
+        if self.public_url is not None:
+            from urllib.parse import urlsplit
+
+            parts = urlsplit(self.public_url)
+            if parts.scheme not in ("http", "https") or not parts.netloc or parts.query or parts.fragment:
+                raise ValueError(
+                    f"public_url must be an http(s) URL without query or fragment, not {self.public_url!r}"
+                )
+            if parts.username or parts.password:
+                raise ValueError("public_url must not carry credentials")
+        return self
 
 
 class Settings(BaseModel):

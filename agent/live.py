@@ -6,10 +6,15 @@ or any other owner of pods: the pods whose ownerReferences name it, or the pod o
 its pods' container logs (the current and the previous instance, a bounded tail of each), the events
 of the workload, of its pods and of their nodes, the nodes' status, and classifies them with the same
 engine and attribution as `diagnose --scene`: a log's findings take its pod, namespace, node
-(pod.spec.nodeName) and rank (RANK env, the replica or completion index).
+(pod.spec.nodeName) and rank (RANK env, the replica or completion index). What is classified is what
+a scene bundle keeps (redacted, bounded, each log named by its file there: agent/jobinputs.py), and
+`--save DIR` writes that bundle (remediations/scene.py, the agent's own layout) from what was read,
+so `diagnose --scene DIR` gives the same JSON.
 
 `scan [-n NS | -A]` lists the training workloads that failed or are restarting, each with the
-diagnosis `diagnose --job` gives it, and the nodes with problems (NotReady or unreachable,
+diagnosis `diagnose --job` gives it; the failing training pods no training workload owns (bare pods,
+pods of a ReplicaSet, StatefulSet, RayJob, ...: see `loose_training_pods`), one entry per owner with
+its diagnosis; and the nodes with problems (NotReady or unreachable,
 trainmedic's quarantine taint, an accelerator or node-problem-detector condition), each with a
 one-line reason.
 
@@ -24,22 +29,15 @@ import concurrent.futures
 import contextlib
 from collections.abc import Awaitable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar
 
 from agent.jobindex import rank_of
+from agent.jobinputs import LogKey, job_inputs, workload_phase
 from agent.watchers.k8s import (
-    PYTORCH_JOBS as PYTORCH_SPEC,
-)
-from agent.watchers.k8s import (
-    RESOURCES,
     DaemonThreadExecutor,
-    k8s_event,
-    k8s_event_line,
+    is_accelerator_resource,
     node_status,
-    node_status_lines,
-    pod_status_input,
-    workload_status,
-    workload_status_lines,
 )
 from detectors.diagnose import LogInput, diagnose_inputs
 from detectors.engine import Engine
@@ -60,9 +58,22 @@ from remediations.kube import (
     _Res,
     _What,
 )
+from remediations.scene import (
+    SceneError,
+    SceneInputs,
+    SceneResult,
+    SceneSettings,
+    clean_log_text,
+    log_rel,
+    pod_containers,
+    pod_rank,
+    redact_object,
+    save_scene,
+)
+from remediations.stacks import ExecResult
 from remediations.workloads import job_pod_selector
 from trainmedic.errors import TrainmedicError
-from trainmedic.events import WorkloadStatus
+from trainmedic.events import DiagnosisEvent, JobRef, WorkloadStatus
 from trainmedic.models import Diagnosis, I18nText, Source
 
 T = TypeVar("T")
@@ -166,59 +177,137 @@ class JobScene:
     workload: JSON | None
     pods: list[JSON]
     # (pod, container, previous) -> log text
-    logs: dict[tuple[str, str, bool], str] = field(default_factory=dict)
+    logs: dict[LogKey, str] = field(default_factory=dict)
     events: list[JSON] = field(default_factory=list)
     nodes: dict[str, JSON] = field(default_factory=dict)
     # What could not be read and was skipped (a node the user may not get), for stderr.
     skipped: list[str] = field(default_factory=list)
+    # The bounds of what is kept, as a saved bundle keeps it (`log_lines`: the reader's tail).
+    settings: SceneSettings = field(default_factory=SceneSettings)
+
+    def ranks(self) -> dict[str, int]:
+        """Each pod's rank as the agent's job index gives it (RANK env, replica or completion index)."""
+        return {_pod_name(p): r for p in self.pods if (r := rank_of(p)) is not None}
 
     def inputs(self) -> list[LogInput]:
-        """The texts to classify, attributed as `diagnose --scene` attributes a saved scene."""
-        inputs: list[LogInput] = []
-        by_node: dict[str | None, list[str]] = {}
-        for obj in self.events:
-            ev = k8s_event(obj)
-            by_node.setdefault(ev.node, []).append(k8s_event_line(ev))
-        for obj in self.nodes.values():
-            nlines = node_status_lines(node_status(obj))
-            if nlines:
-                by_node.setdefault(str((obj.get("metadata") or {}).get("name")), []).extend(nlines)
-        wstatus = self.status()
-        if wstatus is not None:
-            by_node.setdefault(None, []).extend(workload_status_lines(wstatus))
-        for node, lines in by_node.items():
-            if lines:
-                inputs.append(
-                    LogInput(name="events", text="\n".join(lines).encode(), source=Source.K8S_EVENT, node=node)
-                )
-        for pod in sorted(self.pods, key=_pod_name):
-            pod_input = pod_status_input(pod)
-            if pod_input is not None:
-                inputs.append(pod_input)
-        pods = {_pod_name(p): p for p in self.pods}
-        for (pod_name, container, previous), text in sorted(self.logs.items()):
-            if not text:
-                continue
-            pod = pods[pod_name]
-            suffix = ".previous" if previous else ""
-            inputs.append(
-                LogInput(
-                    name=f"{self.namespace}/{pod_name}/{container}{suffix}.log",
-                    text=text.encode(),
-                    source=Source.CONTAINER_LOG,
-                    node=_str((pod.get("spec") or {}).get("nodeName")),
-                    pod=pod_name,
-                    namespace=self.namespace,
-                    rank=rank_of(pod),
+        """The texts to classify, as `diagnose --scene` reads them from the bundle `save` writes: the
+        objects and logs redacted and bounded as the bundle keeps them, each log named by its file
+        there (agent.jobinputs: one assembly, one order, for both)."""
+        settings = self.settings
+        ranks = self.ranks()
+        raw_pods = {_pod_name(p): p for p in self.pods}
+        pods = {name: redact_object(p, settings) for name, p in raw_pods.items()}
+        logs: list[tuple[LogKey, LogInput]] = []
+        for (pod_name, container, previous), text in self.logs.items():
+            if previous and not text:
+                continue  # a bundle keeps no empty previous log
+            raw = raw_pods[pod_name]
+            node = _str((raw.get("spec") or {}).get("nodeName"))
+            rank = pod_rank(raw, ranks)
+            logs.append(
+                (
+                    (pod_name, container, previous),
+                    LogInput(
+                        name=log_rel(node, rank, pod_name, container, previous=previous),
+                        text=clean_log_text(text, settings),
+                        source=Source.CONTAINER_LOG,
+                        node=node,
+                        pod=pod_name,
+                        namespace=self.namespace,
+                        rank=rank if rank is not None else rank_of(pods[pod_name]),
+                    ),
                 )
             )
-        return inputs
+        return job_inputs(
+            events=[redact_object(e, settings) for e in self.events],
+            nodes=[redact_object(n, settings) for n in self.nodes.values()],
+            workload=None if self.workload is None else redact_object(self.workload, settings),
+            pods=pods.values(),
+            logs=logs,
+            max_events=settings.max_events,
+        )
 
     def status(self) -> WorkloadStatus | None:
         return None if self.workload is None else workload_phase(self.workload)
 
     def diagnose(self, engine: Engine) -> Diagnosis:
         return diagnose_inputs(self.inputs(), engine)
+
+    def _owner_api_version(self) -> str | None:
+        """The apiVersion of a bare owner (a RayJob, a ReplicaSet) as its pods' ownerReferences say."""
+        for pod in self.pods:
+            for o in (pod.get("metadata") or {}).get("ownerReferences") or ():
+                if isinstance(o, Mapping) and o.get("name") == self.name and o.get("kind") == self.kind:
+                    return _str(o.get("apiVersion"))
+        return None
+
+    async def save(self, directory: Path, diagnosis: Diagnosis, *, now: float) -> SceneResult:
+        """Write the scene bundle the agent writes (remediations/scene.py) into `directory`, from what
+        was read (nothing is read again, nothing is written to the cluster), so that `diagnose --scene
+        directory` gives `diagnosis` again. `directory` must not exist, or be empty."""
+        directory = directory.absolute()
+        if directory.is_dir() and not any(directory.iterdir()):
+            directory.rmdir()
+        elif directory.exists():
+            raise SceneError(f"{directory} exists and is not empty: choose a new directory")
+        api_version = str((self.workload or {}).get("apiVersion") or self._owner_api_version() or "v1")
+        event = DiagnosisEvent(
+            diagnosis_id=f"live-{self.namespace}-{self.name}-{int(now)}",
+            final=True,
+            job=JobRef(namespace=self.namespace, name=self.name, kind=self.kind, api_version=api_version),
+            window_start=now,
+            window_end=now,
+            diagnosis=diagnosis,
+        )
+        inputs = SceneInputs(
+            incident_id=directory.name,
+            diagnosis=event,
+            workload=self.workload,
+            pods=sorted(self.pods, key=_pod_name),
+            nodes=[self.nodes[n] for n in sorted(self.nodes)],
+            now=now,
+            ranks=self.ranks(),
+        )
+        directory.parent.mkdir(parents=True, exist_ok=True)
+        return await save_scene(directory.parent, inputs, _ReadAlready(self), self.settings)
+
+
+class _ReadAlready:
+    """The scene source of `diagnose --job --save`: what the live read holds (remediations.scene's
+    SceneSource), so the bundle holds exactly what was diagnosed. No metrics source, no exec."""
+
+    def __init__(self, scene: JobScene) -> None:
+        self.scene = scene
+
+    async def pod_log(
+        self,
+        namespace: str,
+        pod: str,
+        container: str,
+        *,
+        tail_lines: int,
+        previous: bool = False,
+        limit_bytes: int = LOG_BYTES,
+    ) -> str:
+        return self.scene.logs.get((pod, container, previous), "")
+
+    async def list_events(self, namespace: str, *, involved: set[tuple[str, str]]) -> list[JSON]:
+        out = []
+        for e in self.scene.events:
+            meta, inv = e.get("metadata") or {}, e.get("involvedObject") or {}
+            if str(meta.get("namespace") or namespace) != namespace:
+                continue
+            if (str(inv.get("kind")), str(inv.get("name"))) in involved:
+                out.append(e)
+        return out
+
+    async def metrics_range(self, node: str, start: float, end: float, step: float) -> None:
+        return None
+
+    async def exec(
+        self, namespace: str, pod: str, container: str, command: list[str], *, timeout_s: float
+    ) -> ExecResult:
+        return ExecResult(error="diagnose --job runs nothing in pods")
 
 
 def _str(v: Any) -> str | None:
@@ -227,18 +316,6 @@ def _str(v: Any) -> str | None:
 
 def _pod_name(pod: Mapping[str, Any]) -> str:
     return str((pod.get("metadata") or {}).get("name") or "?")
-
-
-def workload_phase(obj: Mapping[str, Any]) -> WorkloadStatus:
-    """The workload's phase and reason as the watchers read it (an MPIJob's conditions as a PyTorchJob's)."""
-    api_version, kind = str(obj.get("apiVersion") or ""), str(obj.get("kind") or "")
-    if kind == "MPIJob":
-        w = workload_status(PYTORCH_SPEC, obj)
-        return w.model_copy(update={"job": w.job.model_copy(update={"kind": kind, "api_version": api_version})})
-    spec = RESOURCES["volcanojobs"] if api_version.startswith("batch.volcano.sh/") else RESOURCES["jobs"]
-    if kind == "PyTorchJob":
-        spec = PYTORCH_SPEC
-    return workload_status(spec, obj)
 
 
 def pod_selector(obj: Mapping[str, Any]) -> dict[str, str]:
@@ -265,6 +342,13 @@ class Reader:
         self.sem = asyncio.Semaphore(concurrency)
         # What could not be read and was left out (a kind the user may not list), for the output.
         self.skipped: list[str] = []
+
+    def scene_settings(self) -> SceneSettings:
+        """The bounds a saved bundle of what this reader reads keeps: the reader's own tail and size."""
+        base = SceneSettings()
+        return SceneSettings(
+            log_lines=self.tail_lines, max_file_bytes=max(base.max_file_bytes, self.log_bytes), stacks=False
+        )
 
     async def _gather(self, aws: Iterable[Awaitable[T]]) -> list[T]:
         return list(await asyncio.gather(*(_bounded(self.sem, a) for a in aws)))
@@ -322,27 +406,20 @@ class Reader:
                 if isinstance(o, Mapping) and o.get("name") == name
             }
             kind = next(iter(sorted(owners)), "Pod")
-        scene = JobScene(namespace, name, kind, obj, pods)
-        await self._fill(scene)
+        scene = JobScene(namespace, name, kind, obj, pods, settings=self.scene_settings())
+        await self.fill(scene)
         return scene
 
-    async def _fill(self, scene: JobScene) -> None:
-        wanted: list[tuple[str, str, bool]] = []
+    async def fill(self, scene: JobScene) -> None:
+        """Read the logs, events and nodes of the scene's pods."""
+        wanted: list[LogKey] = []
         for pod in scene.pods:
-            restarts = {
-                str(cs.get("name")): int(cs.get("restartCount") or 0)
-                for cs in [
-                    *((pod.get("status") or {}).get("initContainerStatuses") or ()),
-                    *((pod.get("status") or {}).get("containerStatuses") or ()),
-                ]
-                if isinstance(cs, Mapping)
-            }
-            spec = pod.get("spec") or {}
-            for c in [*(spec.get("initContainers") or ()), *(spec.get("containers") or ())]:
-                cname = str(c.get("name"))
-                wanted.append((_pod_name(pod), cname, False))
-                if restarts.get(cname, 0) > 0:
-                    wanted.append((_pod_name(pod), cname, True))
+            # The logs a bundle keeps (remediations.scene.pod_containers): every container's current
+            # instance, and the previous one of a container that restarted.
+            for c in pod_containers(pod):
+                wanted.append((_pod_name(pod), c["name"], False))
+                if c["restarted"]:
+                    wanted.append((_pod_name(pod), c["name"], True))
         texts = await self._gather(
             self.ops.pod_log(
                 scene.namespace, p, c, tail_lines=self.tail_lines, previous=prev, limit_bytes=self.log_bytes
@@ -457,6 +534,95 @@ def node_problems(obj: Mapping[str, Any], lang: str = "en") -> list[str]:
     return out
 
 
+# Owners whose pods `scan` sees through the workload (PyTorchJob, MPIJob, batch/v1 or Volcano Job).
+_WORKLOAD_OWNER_KINDS = frozenset({"Job", "PyTorchJob", "MPIJob"})
+# Env a distributed-training launcher sets in every worker (torchrun, the Kubeflow and Volcano
+# operators, MPI and HCCL launchers): a pod that carries them runs a training process.
+_TRAINING_ENV = frozenset({"WORLD_SIZE", "MASTER_ADDR", "RANK_TABLE_FILE", "OMPI_COMM_WORLD_SIZE"})
+
+
+def _containers(pod: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    spec = pod.get("spec") or {}
+    return [c for c in [*(spec.get("initContainers") or ()), *(spec.get("containers") or ())] if isinstance(c, Mapping)]
+
+
+def training_pod(pod: Mapping[str, Any], plugin_resources: Mapping[str, str] | None = None) -> bool:
+    """A pod that requests an accelerator (a device plugin's resource in requests or limits), or
+    whose containers carry a distributed-training launcher's env (WORLD_SIZE, MASTER_ADDR, ...)."""
+    for c in _containers(pod):
+        resources = c.get("resources") or {}
+        for key in ("requests", "limits"):
+            if any(is_accelerator_resource(str(r), plugin_resources) for r in resources.get(key) or {}):
+                return True
+        if any(isinstance(e, Mapping) and e.get("name") in _TRAINING_ENV for e in c.get("env") or ()):
+            return True
+    return False
+
+
+def pod_trouble(pod: Mapping[str, Any]) -> str | None:
+    """Why `scan` lists a pod: it Failed, a container is in CrashLoopBackOff, or a container restarted
+    after a failure (its last run ended with a non-zero exit code); None otherwise."""
+    status = pod.get("status") or {}
+    statuses = [
+        cs
+        for cs in [*(status.get("initContainerStatuses") or ()), *(status.get("containerStatuses") or ())]
+        if isinstance(cs, Mapping)
+    ]
+    restarts = sum(int(cs.get("restartCount") or 0) for cs in statuses)
+    if status.get("phase") == "Failed":
+        reason = _str(status.get("reason"))
+        for cs in statuses:
+            term = (cs.get("state") or {}).get("terminated") or {}
+            if int(term.get("exitCode") or 0) != 0:
+                reason = reason or f"{term.get('reason') or 'Error'}, exit code {int(term['exitCode'])}"
+                break
+        return f"Failed{f' ({reason})' if reason else ''}"
+    for cs in statuses:
+        waiting = (cs.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") == "CrashLoopBackOff":
+            return f"CrashLoopBackOff ({_restarts(restarts)})" if restarts else "CrashLoopBackOff"
+    for cs in statuses:
+        last = (cs.get("lastState") or {}).get("terminated") or {}
+        if int(cs.get("restartCount") or 0) > 0 and int(last.get("exitCode") or 0) != 0:
+            return f"Restarting ({_restarts(restarts)}, last exit code {int(last['exitCode'])})"
+    return None
+
+
+def _restarts(n: int) -> str:
+    return f"{n} restart{'' if n == 1 else 's'}"
+
+
+def _controller(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    owners = [o for o in (pod.get("metadata") or {}).get("ownerReferences") or () if isinstance(o, Mapping)]
+    return next((o for o in owners if o.get("controller") is True), owners[0] if owners else None)
+
+
+def loose_training_pods(pods: Iterable[JSON], plugin_resources: Mapping[str, str] | None = None) -> list[JSON]:
+    """The failing training pods (`training_pod` and `pod_trouble`) that no training workload owns
+    (bare pods, or pods of a ReplicaSet, StatefulSet, RayJob, ...), one entry per owner: kind,
+    api_version, namespace, name (the owner's, or the pod's when it has none), state, and the pods."""
+    groups: dict[tuple[str, str, str], JSON] = {}
+    for pod in pods:
+        owner = _controller(pod)
+        if owner is not None and owner.get("kind") in _WORKLOAD_OWNER_KINDS:
+            continue
+        trouble = pod_trouble(pod)
+        if trouble is None or not training_pod(pod, plugin_resources):
+            continue
+        meta = pod.get("metadata") or {}
+        ns = str(meta.get("namespace") or "default")
+        if owner is None:
+            kind, api_version, name = "Pod", "v1", _pod_name(pod)
+        else:
+            kind, api_version, name = str(owner.get("kind")), str(owner.get("apiVersion")), str(owner.get("name"))
+        entry = groups.setdefault(
+            (ns, kind, name),
+            {"kind": kind, "api_version": api_version, "namespace": ns, "name": name, "state": trouble, "pods": []},
+        )
+        entry["pods"].append(pod)
+    return list(groups.values())
+
+
 def one_line(diagnosis: Diagnosis, lang: str) -> str:
     """A diagnosis in one line: the fault class and the root cause's summary (which names the place)."""
     rc = diagnosis.root_cause
@@ -474,6 +640,29 @@ async def scan(reader: Reader, namespace: str | None, engine: Engine, lang: str)
         nodes = await reader.ops.list_nodes()
     except KubeForbidden as exc:
         skipped.append(f"nodes ({exc.need}, {exc.scope})")
+    loose: list[JSON] = []
+    try:
+        loose = loose_training_pods(await reader.ops.list_all_pods(namespace))
+    except KubeForbidden as exc:
+        skipped.append(f"pods ({exc.need}, {exc.scope})")
+
+    async def diagnose_pods(group: JSON) -> JSON:
+        pods: list[JSON] = group.pop("pods")
+        entry: JSON = dict(group, phase=str((pods[0].get("status") or {}).get("phase") or "Unknown"))
+        job = JobScene(group["namespace"], group["name"], group["kind"], None, pods, settings=reader.scene_settings())
+        try:
+            await reader.fill(job)
+        except KubeError as exc:
+            entry.update(pods=len(pods), root_cause=None, summary=str(exc).splitlines()[0])
+            return entry
+        skipped.extend(s for s in job.skipped if s not in skipped)
+        d = job.diagnose(engine)
+        entry.update(
+            pods=len(pods),
+            root_cause=d.root_cause.contract_dict(lang) if d.root_cause else None,
+            summary=one_line(d, lang),
+        )
+        return entry
 
     async def diagnose_one(obj: JSON) -> JSON:
         meta = obj.get("metadata") or {}
@@ -503,7 +692,10 @@ async def scan(reader: Reader, namespace: str | None, engine: Engine, lang: str)
 
     # Each job's own reads are bounded by the reader's semaphore; a few jobs at once.
     job_sem = asyncio.Semaphore(4)
-    entries = await asyncio.gather(*(_bounded(job_sem, diagnose_one(w)) for w in workloads))
+    entries = await asyncio.gather(
+        *(_bounded(job_sem, diagnose_one(w)) for w in workloads),
+        *(_bounded(job_sem, diagnose_pods(g)) for g in loose),
+    )
     bad_nodes = []
     for obj in nodes:
         problems = node_problems(obj, lang)
@@ -569,6 +761,12 @@ class ReadOps(KubeOps):
         """Every pod of a namespace."""
         _check_names(namespace=namespace)
         return await self._list(_What("list", PODS, namespace), self.core.list_namespaced_pod, namespace)
+
+    async def list_all_pods(self, namespace: str | None) -> list[JSON]:
+        """Every pod of a namespace, or of every namespace (None)."""
+        if namespace:
+            return await self.list_pods(namespace)
+        return await self._list(_What("list", PODS, None), self.core.list_pod_for_all_namespaces)
 
 
 async def with_ops(

@@ -16,7 +16,10 @@ a receiver's Retry-After is honoured, capped at `retry_max_s`), and a notice sti
 `give_up_after_s` after it was queued is given up. Other 4xx are permanent: the notice is dead at
 once. Chat robots answer HTTP 200 with an error in the body (Feishu `code`, DingTalk / WeCom
 `errcode`); their rate-limit codes are temporary, the rest permanent. Every delivery and every
-give-up lands in the incident's timeline (`notified`, `notify_failed`) and in telemetry.
+give-up lands in the incident's timeline (`notified`, `notify_failed`) and in telemetry. A notice one
+sink will never deliver still reaches a person: every other sink gets a short "sink X failed
+permanently: ..." page of it, whatever statuses that sink takes (timeline `notify_escalated`,
+counter `trainmedic_notify_sink_failed_total`).
 
 Grouping and rate limits. Each sink has a token bucket of `burst` messages per `window_s`. While
 tokens last, each notice goes out alone, as soon as it is queued (a single incident reaches a local
@@ -50,7 +53,7 @@ from typing import Any, ClassVar, Literal
 
 import httpx
 
-from agent.config import NotifySettings, SinkSettings
+from agent.config import ApiSettings, NotifySettings, SinkSettings
 from agent.outbox import Outbox, OutboxError, OutboxItem
 from agent.store import IncidentStore, StoreError
 from agent.telemetry import Telemetry
@@ -405,6 +408,8 @@ class Notifier:
         report_url: Callable[[str], str | None] | None = None,
         rng: random.Random | None = None,
         env: Mapping[str, str] | None = None,
+        incident_url: Callable[[str], str | None] | None = None,
+        approve_url: Callable[[str, float], str | None] | None = None,
     ) -> None:
         self.settings = settings
         self.outbox = outbox
@@ -412,6 +417,10 @@ class Notifier:
         self.telemetry = telemetry
         self.clock = clock
         self.report_url = report_url
+        # The console's incident page, and the signed approve link for a plan awaiting approval
+        # (agent/console/security.py); made once, when the notice is queued, so a re-send carries the same.
+        self.incident_url = incident_url
+        self.approve_url = approve_url
         self.rng = rng or random.Random()  # noqa: S311 (jitter, not cryptography)
         self.sinks: list[Sink] = []
         problems = []
@@ -439,7 +448,11 @@ class Notifier:
         incident_id = event.payload.incident_id
         try:
             url = self.report_url(incident_id) if self.report_url is not None else None
-            notice = Notice.from_incident_event(event, report_url=url)
+            page = self.incident_url(incident_id) if self.incident_url is not None else None
+            approve = None
+            if self.approve_url is not None and event.payload.status == "awaiting_approval":
+                approve = self.approve_url(incident_id, self.clock())
+            notice = Notice.from_incident_event(event, report_url=url, incident_url=page, approve_url=approve)
         except (NoticeError, ValueError) as e:
             log.error("incident %s: cannot build a notice (%s); it is not sent", incident_id, e)
             return
@@ -669,6 +682,7 @@ class Notifier:
             for i in items:
                 self._note(i, "notify_failed", outcome, extra={"error": outcome.error, "permanent": True})
             log.error("notify sink %s: %d notice(s) refused for good: %s", sink.name, len(items), outcome.error or "-")
+            self._page_failure(sink, items, outcome, outcome.error or "refused", reason="refused")
         else:
             self.telemetry.webhook_failures.labels(sink.name).inc()
             r.failures += 1
@@ -695,6 +709,7 @@ class Notifier:
                 for i in give_up:
                     self._note(i, "notify_failed", outcome, extra={"error": why, "permanent": False})
                 log.error("notify sink %s: gave up on %d notice(s): %s", sink.name, len(give_up), why)
+                self._page_failure(sink, give_up, outcome, why, reason="gave_up")
             log.warning(
                 "notify sink %s: delivery failed (%s); retrying %d notice(s) in %.1f s",
                 sink.name,
@@ -703,6 +718,41 @@ class Notifier:
                 delay,
             )
         self._gauge(sink)
+
+    def _page_failure(
+        self, sink: Sink, items: Sequence[OutboxItem], outcome: Outcome, error: str, *, reason: str
+    ) -> None:
+        """Notices `sink` will never deliver still reach a person: each goes, as a short "sink X failed
+        permanently: ..." page (`Notice.sink_failure`), to every other sink whatever statuses it
+        takes, once (its own dedup key); the incident's timeline says where (`notify_escalated`).
+        A failure page that itself fails is counted and noted, not paged again."""
+        others = [s for s in self.sinks if s.name != sink.name]
+        why = _redact(error, sink.settings.url)
+        now = self.clock()
+        for i in items:
+            self.telemetry.notify_sink_failed.labels(sink.name, reason).inc()
+            if i.notice.failed_sink is not None:
+                continue
+            notice = i.notice.sink_failure(sink.name, why, at=now)
+            try:
+                added = self.outbox.enqueue_many([s.name for s in others], notice) if others else []
+            except (OutboxError, sqlite3.Error) as e:
+                log.error("incident %s: the failure of sink %s cannot be paged: %s", i.incident_id, sink.name, e)
+                added = []
+            for name in added:
+                self.telemetry.notifications.labels(name, "queued").inc()
+                self.telemetry.outbox_depth.labels(name).inc()
+                runner = self._runners.get(name)
+                if runner is not None:
+                    runner.wake.set()
+            self._note(i, "notify_escalated", outcome, extra={"failed_sink": sink.name, "to": added, "error": why})
+            if not others:
+                log.error(
+                    "incident %s: sink %s failed for good and no other sink is configured: only the API and "
+                    "the incident store have it",
+                    i.incident_id,
+                    sink.name,
+                )
 
     def _note(self, item: OutboxItem, kind: str, outcome: Outcome, *, extra: Mapping[str, Any] | None) -> None:
         if self.store is None:
@@ -758,8 +808,12 @@ def build_notifier(
     store: IncidentStore | None,
     telemetry: Telemetry,
     clock: Callable[[], float] = time.time,
+    api: ApiSettings | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> Notifier | None:
     """The notifier of `trainmedic run` (None when no sink is configured or notifications are off).
+    With `api.public_url`, messages link to the console's incident page and carry a signed approve
+    link for plans awaiting approval.
 
     Raises NotifyError / OutboxError when it cannot be built (the agent logs why and goes on)."""
     if not settings.enabled or not settings.sinks:
@@ -769,9 +823,25 @@ def build_notifier(
     def report_url(incident_id: str) -> str | None:
         return f"{base}/api/v1/incidents/{incident_id}/report?format=html" if base else None
 
+    links = None
+    if api is not None:
+        from agent.api import resolve_token
+        from agent.console.security import message_links
+
+        links = message_links(api, token=resolve_token(api, env), env=env)
     outbox = Outbox(store_path, clock=clock)
     try:
-        return Notifier(settings, outbox=outbox, store=store, telemetry=telemetry, clock=clock, report_url=report_url)
+        return Notifier(
+            settings,
+            outbox=outbox,
+            store=store,
+            telemetry=telemetry,
+            clock=clock,
+            report_url=report_url,
+            env=env,
+            incident_url=links[0] if links else None,
+            approve_url=links[1] if links else None,
+        )
     except NotifyError:
         outbox.close()
         raise

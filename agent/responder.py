@@ -73,7 +73,7 @@ from remediations.errors import (
     classify,
 )
 from remediations.kube import KubeError, KubeOps, PermanentKubeError, problem_condition
-from remediations.policy import ActionName, Mode, Plan, Policy, PolicyContext
+from remediations.policy import RESERVATION_HOLD_S, ActionName, Mode, Plan, Policy, PolicyContext
 from remediations.policy_state import PolicyState
 from remediations.scene import SceneInputs, SceneSettings, save_scene
 from remediations.stacks import ExecResult, StackSource, exec_in_pod
@@ -983,6 +983,9 @@ class Responder:
             nodes = []
         pool, pool_size = self.policy.pool_of(rc.node, nodes)
         quarantined = self.policy.pool_quarantined(rc.node, nodes) if nodes else None
+        now = self.clock()
+        # Claims in flight (a brain about to taint a node) hold their places at plan time too.
+        claimed = frozenset(n for _, n in self.policy.pool_claims(rc.node, nodes, since=now - RESERVATION_HOLD_S))
         opt_out = workload is not None and wl.resume_spec(workload).opt_out
         texts = [f.text for f in (incident_findings(incident))]
         return PolicyContext(
@@ -993,9 +996,10 @@ class Responder:
             pool=pool,
             pool_size=pool_size,
             opt_out=opt_out,
-            now=self.clock(),
+            now=now,
             texts=tuple(texts),
             quarantined=quarantined,
+            claimed=claimed - (quarantined or frozenset()),
             lineage_restarts=lineage_restarts(workload),
         )
 

@@ -287,7 +287,7 @@ def _add_notifier(agent: Agent, store: Any, clock: Callable[[], float]) -> Any:
     s = agent.settings
     try:
         notifier = build_notifier(
-            s.notify, store_path=s.remediate.store, store=store, telemetry=agent.telemetry, clock=clock
+            s.notify, store_path=s.remediate.store, store=store, telemetry=agent.telemetry, clock=clock, api=s.api
         )
     except (NotifyError, OutboxError) as e:
         agent.disabled["notifier"] = str(e)
@@ -298,6 +298,20 @@ def _add_notifier(agent: Agent, store: Any, clock: Callable[[], float]) -> Any:
     agent.notifier = notifier
     agent.components["notifier"] = lambda: notifier.run(agent.stop)
     return notifier
+
+
+def _release_node(responder: Any) -> Callable[[str, str], Awaitable[bool]] | None:
+    """The console's node release: the responder's KubeOps.release_node, as `trainmedic release-node
+    NODE --incident ID` calls it (None without a responder: the console says how to do it by hand)."""
+    kube = getattr(responder, "kube", None)
+    if kube is None:
+        return None
+
+    async def release(node: str, incident_id: str) -> bool:
+        released: bool = await kube.release_node(node, incident_id=incident_id)
+        return released
+
+    return release
 
 
 def _add_api(agent: Agent, producer: str) -> None:
@@ -359,6 +373,7 @@ def _add_api(agent: Agent, producer: str) -> None:
         rule_dirs=s.detect.rule_dirs,
         fast={"auto": None, "fast": True, "re": False}[s.detect.engine],
         producer=producer,
+        release_node=_release_node(agent.responder),
     )
 
     agent.api_app = app

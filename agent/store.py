@@ -119,7 +119,50 @@ MIGRATIONS: tuple[str, ...] = (
         comment TEXT NOT NULL DEFAULT ''
     );
     """,
+    # 2: the console's list filters and live updates, and signed approve links used once
+    """
+    CREATE INDEX incidents_created ON incidents(created);
+    CREATE INDEX incidents_updated ON incidents(updated);
+    CREATE INDEX incidents_class ON incidents(fault_class, created);
+    CREATE INDEX incidents_chip ON incidents(chip, created);
+    CREATE INDEX incidents_node ON incidents(node, created);
+    CREATE INDEX incidents_job ON incidents(job, created);
+    CREATE INDEX incidents_status_created ON incidents(status, created);
+    CREATE TABLE links_used (
+        nonce TEXT PRIMARY KEY,
+        incident_id TEXT NOT NULL REFERENCES incidents(id),
+        action TEXT NOT NULL,
+        by TEXT NOT NULL,
+        t REAL NOT NULL
+    );
+    """,
 )
+
+# Columns the incident list filters on (the console), with the index that serves each.
+LIST_FILTERS = ("status", "fault_class", "chip", "node", "job")
+
+
+class LinkUsedError(StoreError):
+    """A signed single-use link was already used."""
+
+
+@dataclass
+class IncidentRow:
+    """One line of the incident list: the columns and the root cause's summary, nothing parsed."""
+
+    id: str
+    status: IncidentStatus
+    created: float
+    updated: float
+    namespace: str | None
+    job: str | None
+    node: str | None
+    fault_class: str | None
+    code: str | None
+    chip: str | None
+    mode: str | None
+    summary_en: str | None
+    summary_zh: str | None
 
 
 @dataclass
@@ -466,14 +509,32 @@ class IncidentStore:
             db.execute("UPDATE incidents SET updated = ? WHERE id = ?", (now, incident_id))
             self._event(db, incident_id, now, f"action:{row[0]}:{state.value}", dict(result or {}) if result else {})
 
-    def approve(self, incident_id: str, *, by: str, approve: bool = True, comment: str = "") -> Incident:
-        """A person's decision on a plan awaiting approval. Deciding twice keeps the first decision."""
+    def approve(
+        self,
+        incident_id: str,
+        *,
+        by: str,
+        approve: bool = True,
+        comment: str = "",
+        link_nonce: str | None = None,
+    ) -> Incident:
+        """A person's decision on a plan awaiting approval. Deciding twice keeps the first decision.
+
+        `link_nonce`: the decision comes through a signed single-use link; the nonce is recorded in the
+        same transaction, and a nonce recorded before raises LinkUsedError (nothing is decided)."""
         incident = self.get(incident_id)
         if incident.status is not IncidentStatus.AWAITING_APPROVAL:
             raise StoreError(f"incident {incident.id} is {incident.status.value}, not awaiting approval")
         now = self.clock()
         decision = "approved" if approve else "rejected"
         with self._tx() as db:
+            if link_nonce is not None:
+                cur = db.execute(
+                    "INSERT OR IGNORE INTO links_used (nonce, incident_id, action, by, t) VALUES (?, ?, ?, ?, ?)",
+                    (link_nonce, incident.id, decision, by, now),
+                )
+                if cur.rowcount != 1:
+                    raise LinkUsedError(f"the link for incident {incident.id} was already used")
             db.execute(
                 "INSERT OR IGNORE INTO approvals (incident_id, decision, by, t, comment) VALUES (?, ?, ?, ?, ?)",
                 (incident.id, decision, by, now, comment),
@@ -485,6 +546,85 @@ class IncidentStore:
             )
             self._event(db, incident.id, now, decision, {"by": by, "comment": comment})
         return self.get(incident.id)
+
+    def link_used(self, nonce: str) -> bool:
+        """Whether a signed single-use link was used already."""
+        with self._lock:
+            return self._db.execute("SELECT 1 FROM links_used WHERE nonce = ?", (nonce,)).fetchone() is not None
+
+    def search(
+        self,
+        *,
+        filters: Mapping[str, str] | None = None,
+        since: float | None = None,
+        until: float | None = None,
+        offset: int = 0,
+        limit: int = 50,
+    ) -> tuple[int, list[IncidentRow]]:
+        """(how many match, one page of them newest first). `filters` names LIST_FILTERS columns and the
+        value each must equal (`job` also matches "namespace/name"); `since` <= created < `until`."""
+        where: list[str] = []
+        values: list[Any] = []
+        for name, value in (filters or {}).items():
+            if name not in LIST_FILTERS:
+                raise StoreError(f"unknown incident filter {name!r}")
+            if name == "job" and "/" in value:
+                namespace, _, job = value.partition("/")
+                where.append("namespace = ? AND job = ?")
+                values += [namespace, job]
+            else:
+                where.append(f"{name} = ?")
+                values.append(value)
+        if since is not None:
+            where.append("created >= ?")
+            values.append(since)
+        if until is not None:
+            where.append("created < ?")
+            values.append(until)
+        clause = f" WHERE {' AND '.join(where)}" if where else ""
+        with self._lock:
+            total = int(self._db.execute(f"SELECT COUNT(*) FROM incidents{clause}", values).fetchone()[0])
+            rows = self._db.execute(
+                "SELECT id, status, created, updated, namespace, job, node, fault_class, code, chip, mode, "
+                "json_extract(diagnosis, '$.root_cause.summary.en'), "
+                "json_extract(diagnosis, '$.root_cause.summary.zh') "
+                f"FROM incidents{clause} ORDER BY created DESC, id LIMIT ? OFFSET ?",
+                (*values, limit, offset),
+            ).fetchall()
+        return total, [
+            IncidentRow(
+                id=r[0],
+                status=IncidentStatus(r[1]),
+                created=r[2],
+                updated=r[3],
+                namespace=r[4],
+                job=r[5],
+                node=r[6],
+                fault_class=r[7],
+                code=r[8],
+                chip=r[9],
+                mode=r[10],
+                summary_en=r[11] if isinstance(r[11], str) else None,
+                summary_zh=r[12] if isinstance(r[12], str) else None,
+            )
+            for r in rows
+        ]
+
+    def distinct(self, column: str) -> list[str]:
+        """The values one list filter column takes (for the console's filter choices)."""
+        if column not in LIST_FILTERS:
+            raise StoreError(f"unknown incident filter {column!r}")
+        with self._lock:
+            rows = self._db.execute(
+                f"SELECT DISTINCT {column} FROM incidents WHERE {column} IS NOT NULL ORDER BY {column} LIMIT 500"
+            ).fetchall()
+        return [str(r[0]) for r in rows]
+
+    def last_change(self) -> tuple[float, int]:
+        """(the latest `updated` of any incident, how many incidents): what live views poll."""
+        with self._lock:
+            row = self._db.execute("SELECT MAX(updated), COUNT(*) FROM incidents").fetchone()
+        return float(row[0] or 0.0), int(row[1])
 
     def timeline(self, incident_id: str) -> list[dict[str, Any]]:
         with self._lock:

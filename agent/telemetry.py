@@ -68,6 +68,14 @@ class Telemetry:
         self.notifications = Counter(
             "trainmedic_notifications", "Incident notifications by sink and outcome", ["sink", "outcome"], registry=r
         )
+        # Notices a sink failed to deliver for good (reason: refused, gave_up), each paged through the
+        # other sinks: a sink that needs fixing, and incidents someone may not have seen there.
+        self.notify_sink_failed = Counter(
+            "trainmedic_notify_sink_failed",
+            "Notices a sink failed to deliver for good, by sink and reason (refused, gave_up)",
+            ["sink", "reason"],
+            registry=r,
+        )
         self.webhook_failures = Counter(
             "trainmedic_webhook_failures", "Failed webhook requests by sink", ["sink"], registry=r
         )

@@ -1,14 +1,16 @@
 """Self-healing figures on the real control plane (`make bench` merges them into its JSON).
 
-    python -m bench.realplane [--repetitions 5] [--no-node-lost]
+    python -m bench.realplane [--repetitions 5] [--no-node-lost] [--churn 1000]
+                              [--scale-nodes 1000] [--scale-pods 5000]
 
 The plane is tests/servers/kubeplane.py's `KubePlane` (etcd, kube-apiserver with RBAC,
 kube-controller-manager, kube-scheduler, one KWOK process per fake node: four with 8
 `nvidia.com/gpu`, two with 8 `huawei.com/Ascend910`), started once in a temporary directory with
-the shipped deploy/ RBAC applied as is. The agent is wired as tests/realplane/plane.py wires it: the
-cluster role (watchers) as the `trainmedic-cluster` ServiceAccount and the brain as
-`trainmedic-brain`, each with its own token, over one in-memory bus, the shipped policy in enforce
-mode. Everything (plane, agent, this process) shares the machine.
+the shipped deploy/ RBAC applied as is and the Volcano Job and PyTorchJob CRDs installed
+(tests/cluster/crds/). The agent is wired as tests/realplane/plane.py wires it: the cluster role
+(watchers) as the `trainmedic-cluster` ServiceAccount and the brain as `trainmedic-brain`, each with
+its own token, over one in-memory bus, the shipped policy in enforce mode. Everything (plane,
+agent, this process) shares the machine.
 
 * `real_fault_to_pods_running_p50_s` / `_p99_s`: a 2-pod Indexed batch/v1 Job with an HF Trainer
   checkpoint Running on two GPU nodes; the node agent's Xid 79 kernel line about the pod of index 0
@@ -35,6 +37,18 @@ mode. Everything (plane, agent, this process) shares the machine.
   writers could produce: `agent_watch_lag_s` (last write to caught up) near zero means the
   watchers were not the limit.
 
+* `agent_rss_mb_5000_pods` and `agent_watch_events_per_s_5000_pods`, on a plane of their own:
+  `--scale-nodes` (1,000) KWOK nodes played by one KWOK process, with a production cluster's node
+  settings (`scale_node_settings`: 40 s leases, 50 s grace period) since a lease renewal per node
+  every second would not fit the machine, and `--scale-pods` (5,000) running training pods (a
+  PyTorchJob worker's labels and env, ~4 KB each), bound to their nodes at creation (through the
+  scheduler the setup would measure the scheduler) and made Running by KWOK. The RSS figure is
+  the VmRSS of `trainmedic run --role all` (the all-in-one deployment: memory bus, its
+  ServiceAccount and ClusterRole from deploy/all-in-one/) in its own process, the largest sample
+  once it has listed and watched everything and again after `--churn` pods and Events more
+  (sampled each second until it stops growing). The watch figure is `agent_watch_events_per_s`'s
+  measurement on that plane: the watchers first list the 5,000 pods and 1,000 nodes.
+
 Where the plane's binaries are missing (`make cluster` builds them), the figures are null and
 `realplane_error` says why; any other failure is reported the same way, so that the rest of
 `make bench` keeps its figures.
@@ -46,6 +60,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -60,13 +75,16 @@ for _p in (ROOT, ROOT / "tests"):
 
 from servers import kubeplane  # noqa: E402
 
+SCALE_FIGURES = ("agent_rss_mb_5000_pods", "agent_watch_events_per_s_5000_pods")
 FIGURES = (
     "real_fault_to_pods_running_p50_s",
     "real_fault_to_pods_running_p99_s",
     "real_node_lost_to_pods_running_s",
     "agent_watch_events_per_s",
+    *SCALE_FIGURES,
 )
 WRITERS = 8
+TRAINING_NS = "training"
 POLL_S = 0.05  # how often the end condition is polled (one GET of the job's pods)
 
 
@@ -250,13 +268,285 @@ async def _measure(plane: Any, tmp: Path, repetitions: int, node_lost: bool) -> 
 
 
 def _delete_churn(plane: Any) -> None:
+    """The churn's pods and Events gone (they have no node: deleted at once), so it can run again."""
     from realplane.conftest import TRAINING
 
     plane.request("DELETE", f"/api/v1/namespaces/{TRAINING}/pods?labelSelector=bench%3Dchurn")
+    plane.request("DELETE", f"/api/v1/namespaces/{TRAINING}/events")
+    deadline = time.monotonic() + 120
+    while plane.request("GET", f"/api/v1/namespaces/{TRAINING}/pods?labelSelector=bench%3Dchurn&limit=1")["items"]:
+        if time.monotonic() > deadline:
+            raise RuntimeError("the churn's pods were not deleted within 120 s")
+        time.sleep(0.5)
 
 
-def run_realplane(*, repetitions: int = 5, node_lost: bool = True, churn: int = 1000) -> dict[str, Any]:
-    """The real-plane figures as a dict; null figures and `realplane_error` where they cannot be had."""
+# -- the scale figures: 1,000 KWOK nodes, 5,000 pods -------------------------------------------------
+
+SCALE_LABEL = "trainmedic.io/bench-scale"
+# A production cluster's node settings (kubelet and kube-controller-manager defaults of 1.34): the
+# short grace periods of the healing figures would need a lease renewal per node every second.
+SCALE_NODE_LEASE_S = 40
+SCALE_NODE_GRACE_S = 50
+SCALE_NODE_MONITOR_PERIOD_S = 5
+SCALE_PODS_PER_JOB = 8
+
+
+def _parallel(items: list[Any], work: Any, threads: int = WRITERS) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(threads) as pool:
+        for _ in pool.map(work, items):
+            pass
+
+
+def _scale_pod(i: int, nodes: int) -> dict[str, Any]:
+    """A running training pod as a PyTorchJob's worker has it (labels, torch env, 6 volumes, ~4 KB),
+    bound to a node at creation (5,000 pods through the scheduler would measure the scheduler)."""
+    job, index = divmod(i, SCALE_PODS_PER_JOB)
+    env = [{"name": f"VAR_{k}", "value": "x" * 40} for k in range(16)]
+    env += [
+        {"name": "MASTER_ADDR", "value": f"scale-{job:04d}-master-0"},
+        {"name": "MASTER_PORT", "value": "23456"},
+        {"name": "WORLD_SIZE", "value": str(SCALE_PODS_PER_JOB)},
+        {"name": "RANK", "value": str(index)},
+    ]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": f"scale-{job:04d}-worker-{index}",
+            "labels": {
+                "bench": "scale",
+                "training.kubeflow.org/job-name": f"scale-{job:04d}",
+                "training.kubeflow.org/operator-name": "pytorchjob-controller",
+                "training.kubeflow.org/replica-type": "worker",
+                "training.kubeflow.org/replica-index": str(index),
+                "app.kubernetes.io/part-of": "training-platform",
+            },
+            "annotations": {"prometheus.io/scrape": "true"},
+        },
+        "spec": {
+            "nodeName": f"scale-{i % nodes:04d}",
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 0,
+            "containers": [
+                {
+                    "name": "pytorch",
+                    "image": "registry.example/llm/train:2025.01",
+                    "command": ["torchrun", "--nnodes=625", "--nproc-per-node=8", "train.py", "--config=/etc/70b.yaml"],
+                    "env": env,
+                    "resources": {"limits": {"nvidia.com/gpu": "1", "memory": "200Gi"}, "requests": {"cpu": "10"}},
+                    "volumeMounts": [{"name": f"vol{k}", "mountPath": f"/mnt/{k}"} for k in range(6)],
+                }
+            ],
+            "volumes": [{"name": f"vol{k}", "emptyDir": {}} for k in range(6)],
+            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        },
+    }
+
+
+def _rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _settled_rss(pid: int, *, at_least_s: float, at_most_s: float = 120.0) -> float:
+    """The process's largest VmRSS, sampled each second for at least `at_least_s` and until it has
+    not grown by 1 % over 5 samples (its lists and watch events taken in)."""
+    samples: list[float] = []
+    t0 = time.monotonic()
+    while True:
+        samples.append(_rss_mb(pid))
+        elapsed = time.monotonic() - t0
+        if elapsed >= at_most_s:
+            break
+        if elapsed >= at_least_s and len(samples) >= 6 and samples[-1] <= samples[-6] * 1.01:
+            break
+        time.sleep(1.0)
+    return max(samples)
+
+
+def _agent_rss(plane: Any, tmp: Path, churn: int) -> dict[str, Any]:
+    """`trainmedic run --role all` (the all-in-one deployment: memory bus, its ServiceAccount and
+    ClusterRole from deploy/all-in-one/) in its own process against the plane: VmRSS once it has
+    listed and watched everything, and again after `churn` pods and Events more."""
+    import subprocess
+
+    import yaml
+
+    token = plane.service_account_token("trainmedic", "trainmedic-brain")
+    kubeconfig = tmp / "agent.kubeconfig"
+    kubeconfig.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [
+                    {"name": "p", "cluster": {"server": plane.url, "certificate-authority": str(plane.pki / "ca.crt")}}
+                ],
+                "users": [{"name": "u", "user": {"token": token}}],
+                "contexts": [{"name": "p", "context": {"cluster": "p", "user": "u"}}],
+                "current-context": "p",
+            }
+        )
+    )
+    config = tmp / "agent.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "log_format": "json",
+                "kubernetes": {"kubeconfig": str(kubeconfig)},
+                "logs": {"enabled": False},
+                "kernel": {"source": "off"},
+                "metrics": {"nvml": False},
+                "api": {"enabled": False},
+                "remediate": {"mode": "observe", "store": str(tmp / "tm.db"), "scene_dir": str(tmp / "scenes")},
+            }
+        )
+    )
+    env = dict(os.environ, TRAINMEDIC_NODE_NAME="bench", PYTHONPATH=str(ROOT))
+    log = (tmp / "agent.log").open("wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agent", "run", "--config", str(config), "--role", "all"],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=log,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while b"running" not in (tmp / "agent.log").read_bytes():
+            if time.monotonic() > deadline or proc.poll() is not None:
+                tail = (tmp / "agent.log").read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"the agent did not start: {tail}")
+            time.sleep(0.2)
+        listed = _settled_rss(proc.pid, at_least_s=15)
+        _log(f"scale: the agent holds {listed:.0f} MB once it has listed and watched")
+        after = listed
+        if churn > 0:
+            _churn(plane, TRAINING_NS, churn)
+            after = _settled_rss(proc.pid, at_least_s=10)
+            _log(f"scale: {after:.0f} MB after {churn} pods and Events more")
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(30)
+        log.close()
+    # A figure of an agent that was refused what it watches would flatter it.
+    refused = [
+        line
+        for line in (tmp / "agent.log").read_text(errors="replace").splitlines()
+        if "forbidden" in line.lower() or "not allowed" in line.lower()
+    ]
+    if refused:
+        raise RuntimeError(f"the agent was refused by the API server: {refused[0][:500]}")
+    if churn > 0:
+        _delete_churn(plane)
+    return {
+        "agent_rss_mb_5000_pods": round(max(listed, after), 1),
+        "agent_rss_mb_after_list_5000_pods": round(listed, 1),
+    }
+
+
+def run_scale(*, nodes: int = 1000, pods: int = 5000, churn: int = 1000) -> dict[str, Any]:
+    """The agent at scale on its own plane: `nodes` KWOK nodes (one KWOK process, production node
+    settings), `pods` running training pods; `agent_rss_mb_5000_pods` and the watch figure there."""
+    from realplane.conftest import CRDS, TRAINING, deploy_docs
+
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="tm-bench-scale-") as tmp:
+        d = Path(tmp)
+        plane = kubeplane.KubePlane(
+            d / "plane",
+            nodes=(),
+            node_grace_s=SCALE_NODE_GRACE_S,
+            node_monitor_period_s=SCALE_NODE_MONITOR_PERIOD_S,
+            node_lease_s=SCALE_NODE_LEASE_S,
+        )
+        try:
+            _log(f"scale: starting a real plane with {nodes} KWOK nodes (one KWOK process) and {pods} pods")
+            plane.start()
+            plane.apply([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": TRAINING}}])
+            plane.apply(deploy_docs())
+            plane.apply(yaml_docs(ROOT / "deploy" / "all-in-one" / "rbac.yaml"))
+            plane.install_crds(CRDS)
+            plane.start_bulk_kwok(SCALE_LABEL)
+            labels = {SCALE_LABEL: "true", **kubeplane.GPU_LABELS}
+            _parallel(
+                [kubeplane.FakeNode(f"scale-{k:04d}", "nvidia.com/gpu", labels=labels) for k in range(nodes)],
+                plane.add_node,
+            )
+            selector = f"labelSelector={SCALE_LABEL}%3Dtrue"
+
+            def ready_nodes() -> int:
+                items = plane.request("GET", f"/api/v1/nodes?{selector}")["items"]
+                return sum(
+                    1
+                    for n in items
+                    for c in (n.get("status") or {}).get("conditions") or []
+                    if c.get("type") == "Ready" and c.get("status") == "True"
+                )
+
+            _wait_for(f"{nodes} nodes Ready", lambda: ready_nodes() >= nodes, 300)
+            t_pods = time.perf_counter()
+            _parallel(
+                list(range(pods)),
+                lambda i: plane.request("POST", f"/api/v1/namespaces/{TRAINING}/pods", _scale_pod(i, nodes)),
+            )
+            not_running = (
+                f"/api/v1/namespaces/{TRAINING}/pods?labelSelector=bench%3Dscale"
+                "&fieldSelector=status.phase%21%3DRunning&limit=1"
+            )
+            _wait_for(f"{pods} pods Running", lambda: not plane.request("GET", not_running)["items"], 600)
+            _log(f"scale: {nodes} nodes Ready, {pods} pods Running ({time.perf_counter() - t_pods:.0f} s for the pods)")
+            out = _agent_rss(plane, d, churn)
+            watch = asyncio.run(_watch_rate(plane, churn))
+            out["agent_watch_events_per_s_5000_pods"] = watch["agent_watch_events_per_s"]
+            out["agent_watch_lag_s_5000_pods"] = watch["agent_watch_lag_s"]
+            _log(
+                f"scale: {watch['agent_watch_events_per_s']} watch events/s with {pods} pods and {nodes} nodes "
+                f"(lag {watch['agent_watch_lag_s']} s)"
+            )
+        finally:
+            plane.stop()
+    out["scale_nodes"] = nodes
+    out["scale_pods"] = pods
+    out["scale_churn"] = churn
+    out["scale_node_settings"] = {
+        "node_monitor_grace_period_s": SCALE_NODE_GRACE_S,
+        "node_monitor_period_s": SCALE_NODE_MONITOR_PERIOD_S,
+        "node_lease_duration_s": SCALE_NODE_LEASE_S,
+    }
+    out["scale_bench_s"] = round(time.perf_counter() - started, 1)
+    return out
+
+
+def yaml_docs(path: Path) -> list[dict[str, Any]]:
+    import yaml
+
+    return [d for d in yaml.safe_load_all(path.read_text()) if d]
+
+
+def _wait_for(what: str, ok: Any, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not ok():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(1.0)
+
+
+def run_realplane(
+    *,
+    repetitions: int = 5,
+    node_lost: bool = True,
+    churn: int = 1000,
+    scale_nodes: int = 1000,
+    scale_pods: int = 5000,
+) -> dict[str, Any]:
+    """The real-plane figures as a dict; null figures and `realplane_error` where they cannot be had.
+    `scale_nodes` / `scale_pods` size the scale figures' own plane (0 pods: no scale figures)."""
     if repetitions < 1:
         raise ValueError("repetitions must be at least 1")
     gone = kubeplane.missing()
@@ -269,7 +559,7 @@ def run_realplane(*, repetitions: int = 5, node_lost: bool = True, churn: int = 
         "node_lease_duration_s": kubeplane.NODE_LEASE_S,
     }
     try:
-        from realplane.conftest import TRAINING, deploy_docs
+        from realplane.conftest import CRDS, TRAINING, deploy_docs
 
         with tempfile.TemporaryDirectory(prefix="tm-bench-realplane-") as tmp:
             d = Path(tmp)
@@ -279,6 +569,7 @@ def run_realplane(*, repetitions: int = 5, node_lost: bool = True, churn: int = 
                 plane.start()
                 plane.apply([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": TRAINING}}])
                 plane.apply(deploy_docs())
+                plane.install_crds(CRDS)
                 _log(f"real plane up in {time.perf_counter() - started:.1f} s")
                 out = asyncio.run(_measure(plane, d, repetitions, node_lost))
                 if churn > 0:
@@ -306,6 +597,14 @@ def run_realplane(*, repetitions: int = 5, node_lost: bool = True, churn: int = 
         return _null(f"{type(exc).__name__}: {exc}")
     out["real_node_lost_settings"] = settings
     out["real_plane_kubernetes"] = kubeplane.kube_version()
+    if scale_pods > 0:
+        try:
+            out.update(run_scale(nodes=scale_nodes, pods=scale_pods, churn=churn))
+        except Exception as exc:  # noqa: BLE001 - the figures above stand
+            _log(f"scale figures failed: {type(exc).__name__}: {exc}")
+            out["scale_error"] = f"{type(exc).__name__}: {exc}"
+    for key in SCALE_FIGURES:
+        out.setdefault(key, None)
     out["realplane_bench_s"] = round(time.perf_counter() - started, 1)
     return out
 
@@ -315,10 +614,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repetitions", type=int, default=5, help="Xid 79 incidents (default 5)")
     ap.add_argument("--no-node-lost", action="store_true", help="no node-lost figure")
     ap.add_argument("--churn", type=int, default=1000, help="pods and Events written for the watch figure (0: none)")
+    ap.add_argument("--scale-nodes", type=int, default=1000, help="KWOK nodes of the scale figures (default 1000)")
+    ap.add_argument(
+        "--scale-pods", type=int, default=5000, help="running pods of the scale figures (default 5000; 0: none)"
+    )
     args = ap.parse_args(argv)
     if args.repetitions < 1:
         ap.error("--repetitions must be at least 1")
-    out = run_realplane(repetitions=args.repetitions, node_lost=not args.no_node_lost, churn=args.churn)
+    if args.scale_pods > 0 and args.scale_nodes < 1:
+        ap.error("--scale-nodes must be at least 1")
+    out = run_realplane(
+        repetitions=args.repetitions,
+        node_lost=not args.no_node_lost,
+        churn=args.churn,
+        scale_nodes=args.scale_nodes,
+        scale_pods=args.scale_pods,
+    )
     print(json.dumps(out, indent=2))
     return 0
 

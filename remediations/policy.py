@@ -585,6 +585,10 @@ class PolicyContext:
     # The nodes of `pool` that carry trainmedic's taint now, read from the cluster (None: unknown, the
     # recorded history counts instead). Every brain reads the same nodes, so every brain counts alike.
     quarantined: frozenset[str] | None = None
+    # The nodes of `pool` claimed for a quarantine and not tainted yet (`trainmedic.io/breaker-claim`,
+    # written by any brain right before it taints, within RESERVATION_HOLD_S), read from the cluster with
+    # `quarantined`: places other brains have taken count when a plan is made, not only when it runs.
+    claimed: frozenset[str] = frozenset()
     # How many times trainmedic recreated this job's lineage so far (its trainmedic.io/restarts).
     lineage_restarts: int = 0
 
@@ -933,7 +937,11 @@ class Policy:
         since = ctx.now - breaker.window
         allowed = breaker.allowed(ctx.pool_size)
         if ctx.quarantined is not None:
-            taken = set(ctx.quarantined) | state.reserved(_pool_key(ctx.pool), ctx.now - RESERVATION_HOLD_S)
+            taken = (
+                set(ctx.quarantined)
+                | set(ctx.claimed)
+                | state.reserved(_pool_key(ctx.pool), ctx.now - RESERVATION_HOLD_S)
+            )
             if ctx.node in taken:
                 return None  # already quarantined (or on its way): idempotent, not counted again
             done = len(taken)

@@ -87,9 +87,15 @@ __all__ = [
     "SceneResult",
     "SceneSettings",
     "SceneSource",
+    "clean_log_text",
+    "event_order",
     "load_scene",
+    "log_rel",
+    "pod_containers",
+    "pod_rank",
     "redact_text",
     "save_scene",
+    "valid_bundle_name",
 ]
 
 SCHEMA_VERSION = 1
@@ -109,6 +115,11 @@ except AttributeError:  # pragma: no cover - PyYAML without libyaml
 
 class SceneError(TrainmedicError):
     """A bundle that cannot be written or read (bad incident id, corrupt manifest, ...)."""
+
+
+def valid_bundle_name(name: str) -> bool:
+    """Whether `name` can name a bundle's directory (the incident id: letters, digits, . _ -)."""
+    return bool(_ID.match(name))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -607,6 +618,32 @@ def _clean(data: bytes, settings: SceneSettings, *, tail_lines: int | None) -> t
     return data, truncated, cut
 
 
+def _prepare_text(
+    raw: bytes, settings: SceneSettings, redactor: _Redactor, tail_lines: int | None
+) -> tuple[bytes, bool, int, int]:
+    """(text, truncated, lines cut, redactions): what a text file of the bundle holds."""
+    data, truncated, cut = _clean(raw, settings, tail_lines=tail_lines)
+    data, redactions = redactor.redact_bytes(data)
+    if len(data) > settings.max_file_bytes:  # the masks made it longer
+        data = data[-settings.max_file_bytes :]
+        truncated = True
+    return data, truncated, cut, redactions
+
+
+def clean_log_text(text: str, settings: SceneSettings | None = None) -> bytes:
+    """A container log as a bundle keeps it (its last `log_lines` within the file cap, long lines cut,
+    valid UTF-8, secrets redacted): what `diagnose --job` classifies, so it reads what `--scene` reads."""
+    settings = settings or SceneSettings()
+    raw = text.encode("utf-8", "replace")
+    return _prepare_text(raw, settings, _redactor(), settings.log_lines)[0]
+
+
+def event_order(e: Mapping[str, Any]) -> tuple[str, str, str]:
+    """How events are ordered in a bundle and in a diagnosis: by time, then namespace and name."""
+    meta = _map(e.get("metadata"))
+    return (_event_key(e), str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+
+
 def _count_lines(data: bytes) -> int:
     if not data:
         return 0
@@ -718,11 +755,7 @@ class _Writer:
     ) -> tuple[dict[str, Any] | None, dict[int, tuple[int, int]]]:
         """A text file: cleaned, redacted, bounded. Returns its entry and where the needles are
         (index -> first and last line number), or (None, {}) when it was left out."""
-        data, truncated, cut = _clean(raw, self.settings, tail_lines=tail_lines)
-        data, redactions = self.redactor.redact_bytes(data)
-        if len(data) > self.settings.max_file_bytes:  # the masks made it longer
-            data = data[-self.settings.max_file_bytes :]
-            truncated = True
+        data, truncated, cut, redactions = _prepare_text(raw, self.settings, self.redactor, tail_lines)
         if not self._reserve(rel, len(data), bulky):
             return None, {}
         entry: dict[str, Any] = {
@@ -836,14 +869,55 @@ class _PodInfo:
     containers: list[dict[str, Any]]
 
 
-def _log_rel(p: _PodInfo, c: Mapping[str, Any], *, previous: bool) -> str:
+def log_rel(node: str | None, rank: int | None, pod: str, container: str, *, previous: bool) -> str:
     """Where a container's log goes: `layout/<node>/rank<R>_<pod>_<container>[.previous].log`, the
     collected layout `diagnose --logs` reads (detectors/layout.py: one folder per node, the rank in
     the name), so the bundle diagnosed as a directory places its findings as `--scene` does. A pod
-    with no node goes under `layout/_unscheduled/`; one with no rank has no `rank<R>_`."""
+    with no node goes under `layout/_unscheduled/`; one with no rank has no `rank<R>_`. The name a
+    live `diagnose --job` gives the same log, so both report the same `file`."""
+    folder = _safe(node) if node else "_unscheduled"
+    prefix = f"rank{rank}_" if rank is not None else ""
+    return f"layout/{folder}/{prefix}{_safe(pod)}_{_safe(container)}{'.previous' if previous else ''}.log"
+
+
+def _log_rel(p: _PodInfo, c: Mapping[str, Any], *, previous: bool) -> str:
     node = _safe(p.node) if p.node else "_unscheduled"
     rank = f"rank{p.rank}_" if p.rank is not None else ""
     return f"layout/{node}/{rank}{p.file}_{c['file']}{'.previous' if previous else ''}.log"
+
+
+def pod_containers(pod: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The containers whose logs a bundle keeps, init containers first: name, restarts, and whether a
+    previous instance's log is worth reading (it restarted, or its last state is a termination)."""
+    spec, status = _map(pod.get("spec")), _map(pod.get("status"))
+    statuses = {
+        str(_map(s).get("name")): _map(s)
+        for s in [*_list(status.get("initContainerStatuses")), *_list(status.get("containerStatuses"))]
+    }
+    names: list[str] = []
+    for key in ("initContainers", "containers"):
+        names += [str(_map(c).get("name")) for c in _list(spec.get(key)) if _map(c).get("name")]
+    names += [n for n in statuses if n not in names]
+    out = []
+    for c in names:
+        s = statuses.get(c, {})
+        restarts = s.get("restartCount")
+        restarted = (isinstance(restarts, int) and restarts > 0) or "terminated" in _map(s.get("lastState"))
+        out.append(
+            {
+                "name": c,
+                "file": _safe(c),
+                "restarts": restarts if isinstance(restarts, int) else 0,
+                "restarted": restarted,
+            }
+        )
+    return out
+
+
+def pod_rank(pod: Mapping[str, Any], ranks: Mapping[str, int] | None = None) -> int | None:
+    """A pod's rank as a bundle records it: the job index's (`ranks`), else its RANK env."""
+    rank = (ranks or {}).get(str(_name(pod)))
+    return rank if isinstance(rank, int) else _rank_env(pod)
 
 
 def _rank_env(pod: Mapping[str, Any]) -> int | None:
@@ -861,30 +935,14 @@ def _pod_infos(inputs: SceneInputs) -> list[_PodInfo]:
     for pod in inputs.pods:
         if not isinstance(pod, Mapping) or _name(pod) is None:
             continue
-        meta, spec, status = _map(pod.get("metadata")), _map(pod.get("spec")), _map(pod.get("status"))
+        meta, spec = _map(pod.get("metadata")), _map(pod.get("spec"))
         name = str(meta["name"])
         file = _safe(name)
         while file in used:
             file += "_"
         used.add(file)
-        statuses = {str(_map(s).get("name")): _map(s) for s in _list(status.get("containerStatuses"))}
-        names = [str(_map(c).get("name")) for c in _list(spec.get("containers")) if _map(c).get("name")]
-        names += [n for n in statuses if n not in names]
-        containers = []
-        for c in names:
-            s = statuses.get(c, {})
-            restarts = s.get("restartCount")
-            restarted = (isinstance(restarts, int) and restarts > 0) or "terminated" in _map(s.get("lastState"))
-            containers.append(
-                {
-                    "name": c,
-                    "file": _safe(c),
-                    "restarts": restarts if isinstance(restarts, int) else 0,
-                    "restarted": restarted,
-                }
-            )
+        containers = pod_containers(pod)
         node = spec.get("nodeName")
-        rank = inputs.ranks.get(name)
         uid = meta.get("uid")
         out.append(
             _PodInfo(
@@ -892,7 +950,7 @@ def _pod_infos(inputs: SceneInputs) -> list[_PodInfo]:
                 name=name,
                 file=file,
                 node=str(node) if isinstance(node, str) and node else None,
-                rank=rank if isinstance(rank, int) else _rank_env(pod),
+                rank=pod_rank(pod, inputs.ranks),
                 uid=str(uid) if isinstance(uid, str) else None,
                 containers=containers,
             )
@@ -1246,7 +1304,7 @@ async def _collect_events(
                 meta = _map(e.get("metadata"))
                 key = (str(meta.get("namespace") or ns), str(meta.get("name") or len(events)))
                 events[key] = dict(e)
-    ordered = sorted(events.values(), key=_event_key)
+    ordered = sorted(events.values(), key=event_order)
     if len(ordered) > settings.max_events:
         writer.problem(
             "events.yaml",
@@ -1519,6 +1577,15 @@ class LoadedScene:
         out = []
         for e in self.files:
             if e.get("kind") == "pod":
+                obj = self._yaml(e["path"])
+                if isinstance(obj, dict):
+                    out.append(obj)
+        return out
+
+    def nodes(self) -> list[dict[str, Any]]:
+        out = []
+        for e in self.files:
+            if e.get("kind") == "node":
                 obj = self._yaml(e["path"])
                 if isinstance(obj, dict):
                     out.append(obj)

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -219,15 +219,36 @@ class Notice:
     advice: tuple[dict[str, str], ...] = ()
     # The fault's own severity, stable over the incident's life (see `fault_severity`).
     base_severity: str = field(default="warning")
+    # The incident's console page (api.public_url), and for a plan awaiting approval a signed,
+    # single-use, expiring link to the console's approve confirmation page.
+    incident_url: str | None = None
+    approve_url: str | None = None
+    # Set on the page that says a sink could not deliver this notice for good (`sink_failure`).
+    failed_sink: str | None = None
 
     @property
     def dedup_key(self) -> str:
-        """Stable across restarts and replays: one incident reaches one status once."""
-        return f"{self.incident_id}/{self.status}"
+        """Stable across restarts and replays: one incident reaches one status once (and a sink's
+        failure to deliver it is paged once)."""
+        base = f"{self.incident_id}/{self.status}"
+        return f"{base}/sink-failed:{self.failed_sink}" if self.failed_sink else base
 
     @property
     def firing(self) -> bool:
-        return self.status not in NOT_FIRING
+        # A notice that never arrived somewhere is for a person to see, whatever the incident's status.
+        return self.failed_sink is not None or self.status not in NOT_FIRING
+
+    def sink_failure(self, sink: str, error: str, *, at: float) -> Notice:
+        """The page for the other sinks when `sink` failed to deliver this notice for good (a 4xx, a
+        robot's permanent error code, or retries given up): critical, the sink and why first, then
+        what the incident is."""
+        why = clean_text(error, 300) or "-"
+        summary = {
+            "en": clean_text(f"Notification sink {sink} failed permanently: {why}. {self.summary['en']}"),
+            "zh": clean_text(f"通知渠道 {sink} 永久投递失败：{why}。{self.summary['zh']}"),
+        }
+        # The single-use approve link stays with the sink it was made for; the incident link goes along.
+        return replace(self, failed_sink=sink, severity="critical", time=at, summary=summary, approve_url=None)
 
     def text(self, name: str, lang: str) -> str | None:
         """`summary` / `hint` / `blocked` in `lang` ("en" or "zh")."""
@@ -237,7 +258,8 @@ class Notice:
         return str(value.get(lang) or value.get("en") or "") or None
 
     def as_dict(self) -> dict[str, Any]:
-        """JSON-ready (the CloudEvent `data`, and what the outbox stores)."""
+        """JSON-ready (the CloudEvent `data`, and what the outbox stores); `failed_sink` only on a
+        sink's failure page."""
         return {
             "incident_id": self.incident_id,
             "status": self.status,
@@ -265,6 +287,10 @@ class Notice:
             "actions": [dict(a) for a in self.actions],
             "scene_dir": self.scene_dir,
             "report_url": self.report_url,
+            # Only when set: receivers and stored notices without a console stay as they were.
+            **({"incident_url": self.incident_url} if self.incident_url else {}),
+            **({"approve_url": self.approve_url} if self.approve_url else {}),
+            **({"failed_sink": self.failed_sink} if self.failed_sink else {}),
         }
 
     @classmethod
@@ -307,10 +333,20 @@ class Notice:
             blocked=_i18n_from(data.get("blocked")),
             advice=tuple(a for a in (_i18n_from(x) for x in advice) if a),
             base_severity=base if base in SEVERITY_RANK else "warning",
+            incident_url=_opt_str(data.get("incident_url")),
+            approve_url=_opt_str(data.get("approve_url")),
+            failed_sink=_opt_str(data.get("failed_sink")),
         )
 
     @classmethod
-    def from_incident_event(cls, event: Event, *, report_url: str | None = None) -> Notice:
+    def from_incident_event(
+        cls,
+        event: Event,
+        *,
+        report_url: str | None = None,
+        incident_url: str | None = None,
+        approve_url: str | None = None,
+    ) -> Notice:
         """The notice of one `IncidentEvent` envelope; `event.time` is the change time."""
         p = event.payload
         if not isinstance(p, IncidentEvent):
@@ -345,6 +381,8 @@ class Notice:
             blocked=_i18n_from(plan.get("blocked")),
             advice=tuple(advice),
             base_severity=fault_severity(fault_class, rule_severity),
+            incident_url=incident_url,
+            approve_url=approve_url if p.status == "awaiting_approval" else None,
         )
 
 

@@ -42,6 +42,9 @@ def verify(secret: bytes, headers: dict[str, str], body: bytes, tolerance_s: flo
   use it. Each robot's size limit is met by cutting the longest field with a marker, never by
   cutting a JSON document or a UTF-8 character in half. Log-derived text cannot mention or ping
   anyone (`<@user>`, `<at id=all>`, `<!channel>` are defused); other Markdown in it is kept.
+  Where the notice has them (`api.public_url`, docs/console.md), a message links to the incident's
+  console page and, for a plan awaiting approval, to its signed approve link; both sit on the
+  reference line, which stays whole when the other lines are cut to fit.
 """
 
 from __future__ import annotations
@@ -98,7 +101,7 @@ def cloudevent(n: Notice, *, source: str) -> dict[str, Any]:
         "specversion": SPECVERSION,
         "id": n.dedup_key,
         "source": source,
-        "type": EVENT_TYPE_PREFIX + n.status,
+        "type": EVENT_TYPE_PREFIX + ("notification_failed" if n.failed_sink else n.status),
         "subject": n.incident_id,
         "time": rfc3339(n.time),
         "datacontenttype": "application/json",
@@ -167,18 +170,22 @@ def verify(
 # -- Alertmanager -----------------------------------------------------------------------------------
 
 ALERTNAME = "TrainmedicIncident"
+# The alert of a notice another sink could not deliver for good (labelled with that sink).
+ALERTNAME_SINK_FAILED = "TrainmedicNotificationFailed"
 MAX_LABEL_CHARS = 256
 
 
 def _latest_per_incident(ns: Sequence[Notice]) -> list[Notice]:
     """The newest notice of each incident, in the order incidents first appear."""
-    latest: dict[str, tuple[float, int, Notice]] = {}
+    latest: dict[tuple[str, str | None], tuple[float, int, Notice]] = {}
     for i, n in enumerate(ns):
-        seen = latest.get(n.incident_id)
+        # A sink's failure to deliver a notice is a page of its own, beside the incident's state.
+        key = (n.incident_id, n.failed_sink)
+        seen = latest.get(key)
         if seen is None or (n.time, i) >= seen[:2]:
-            latest[n.incident_id] = (n.time, i, n)
-    first = {n.incident_id: i for i, n in reversed(list(enumerate(ns)))}
-    return [v[2] for v in sorted(latest.values(), key=lambda v: first[v[2].incident_id])]
+            latest[key] = (n.time, i, n)
+    first = {(n.incident_id, n.failed_sink): i for i, n in reversed(list(enumerate(ns)))}
+    return [v[2] for v in sorted(latest.values(), key=lambda v: first[(v[2].incident_id, v[2].failed_sink)])]
 
 
 def _description(n: Notice, lang: str) -> str:
@@ -205,8 +212,9 @@ def alertmanager_alerts(ns: Sequence[Notice], *, generator_url: str | None = Non
     alerts: list[dict[str, Any]] = []
     for n in _latest_per_incident(ns):
         raw_labels: dict[str, str | None] = {
-            "alertname": ALERTNAME,
+            "alertname": ALERTNAME_SINK_FAILED if n.failed_sink else ALERTNAME,
             "incident": n.incident_id,
+            "failed_sink": n.failed_sink,
             "fault_class": n.fault_class,
             "code": n.code,
             "chip": n.chip,
@@ -280,6 +288,8 @@ _L: dict[str, dict[str, str]] = {
         "mode": "Mode",
         "incident": "Incident",
         "report": "Report",
+        "console": "Open in console",
+        "approve": "Approve the plan",
         "node": "node",
         "device": "device",
         "rank": "rank",
@@ -304,6 +314,8 @@ _L: dict[str, dict[str, str]] = {
         "mode": "模式",
         "incident": "事件",
         "report": "报告",
+        "console": "在控制台查看",
+        "approve": "批准处置方案",
         "node": "节点",
         "device": "设备",
         "rank": "rank",
@@ -376,7 +388,10 @@ def _short(value: str | None, limit: int = CHAT_NAME_CHARS) -> str | None:
 
 def _for_chat(n: Notice) -> Notice:
     """Names bounded for a chat line (a 3000-character node name must not push out the rest)."""
-    url = n.report_url if n.report_url and len(n.report_url) <= MAX_URL_CHARS else None
+
+    def fits(url: str | None) -> str | None:
+        return url if url and len(url) <= MAX_URL_CHARS else None
+
     return replace(
         n,
         incident_id=_short(n.incident_id, 2 * CHAT_NAME_CHARS) or "?",
@@ -390,7 +405,9 @@ def _for_chat(n: Notice) -> Notice:
         job=_short(n.job),
         job_kind=_short(n.job_kind),
         mode=_short(n.mode),
-        report_url=url,
+        report_url=fits(n.report_url),
+        incident_url=fits(n.incident_url),
+        approve_url=fits(n.approve_url),
     )
 
 
@@ -459,9 +476,17 @@ def _title(ns: Sequence[Notice], lang: str) -> str:
         place = n.node or _job(n)
         if lang == "en":
             at = f" on {place}" if place else ""
-            return f"[{label(SEVERITY_TEXT, n.severity, 'en')}] {label(STATUS_TEXT, n.status, 'en')}: {what}{code}{at}"
+            failed = f"sink {n.failed_sink} failed permanently · " if n.failed_sink else ""
+            return (
+                f"[{label(SEVERITY_TEXT, n.severity, 'en')}] {failed}{label(STATUS_TEXT, n.status, 'en')}: "
+                f"{what}{code}{at}"
+            )
         at = f" · {place}" if place else ""
-        return f"【{label(SEVERITY_TEXT, n.severity, 'zh')}】{label(STATUS_TEXT, n.status, 'zh')}：{what}{code}{at}"
+        failed = f"通知渠道 {n.failed_sink} 永久投递失败 · " if n.failed_sink else ""
+        return (
+            f"【{label(SEVERITY_TEXT, n.severity, 'zh')}】{failed}{label(STATUS_TEXT, n.status, 'zh')}："
+            f"{what}{code}{at}"
+        )
     sev = _top_severity(ns)
     count = _L[lang]["updates"].format(n=len(ns))
     if lang == "en":
@@ -513,8 +538,13 @@ def _single_lines(n: Notice, lang: str, d: _Dialect) -> list[str]:
     if n.mode:
         rows.append((w["mode"], esc(n.mode)))
     ref = f"{esc(n.incident_id)} · {_when(n.time)}"
+    if n.incident_url:
+        ref += " · " + d.link(w["console"], n.incident_url)
     if n.report_url:
         ref += " · " + d.link(w["report"], n.report_url)
+    if n.approve_url and n.status == "awaiting_approval":
+        # On the reference line, which stays whole when the other lines are cut to fit.
+        ref += " · " + d.link(w["approve"], n.approve_url)
     rows.append((w["incident"], ref))
     return [f"{d.bold(k)}{colon}{v}" for k, v in rows if v]
 
@@ -559,7 +589,9 @@ def _digest_item(i: int, n: Notice, lang: str, d: _Dialect) -> str:
     line = " · ".join(parts)
     if summary:
         line += " — " + d.escape(summary)
-    if n.report_url:
+    if n.incident_url:
+        line += " " + d.link(_L[lang]["console"], n.incident_url)
+    elif n.report_url:
         line += " " + d.link(_L[lang]["report"], n.report_url)
     return line
 

@@ -36,6 +36,7 @@ from agent.run import build_agent, run_agent
 from agent.store import IncidentStore
 from agent.telemetry import Telemetry
 from reports import payloads
+from reports.notice import Notice
 from trainmedic.events import DiagnosisEvent, Event, IncidentEvent, JobRef, Topic, make_event
 from trainmedic.models import (
     Action,
@@ -1057,3 +1058,117 @@ async def test_a_500_node_outage_is_at_most_10_messages_a_sink_with_the_shipped_
         assert int(r.header("x-trainmedic-affected-jobs") or 0) > 1
         if kind != "cloudevents":
             assert "nodes and" in r.body.decode() and "jobs affected" in r.body.decode()
+
+
+# -- a sink that fails for good: the incident still reaches a person through the others --------------------
+
+
+@pytest.mark.looptime
+@pytest.mark.asyncio
+@pytest.mark.parametrize(
+    ("failing", "reason", "error", "other_statuses"),
+    [
+        pytest.param(Reply(404, "no_service"), "refused", "HTTP 404: no_service", None, id="4xx"),
+        pytest.param(Reply(503, "down"), "gave_up", "gave up after 300 s: HTTP 503: down", None, id="gave-up"),
+        pytest.param(Reply(404, "no_service"), "refused", "HTTP 404: no_service", ["resolved"], id="other-status"),
+    ],
+)  # fmt: skip
+async def test_a_sink_that_fails_for_good_is_paged_through_the_others(
+    h: Harness, failing: Reply, reason: str, error: str, other_statuses: list[str] | None
+) -> None:
+    h.incident("inc-1")
+    h.rx.default = failing
+    async with Receiver() as other:
+        other.default = Reply(202, b"")
+        ce = sink("cloudevents", other.url, **({"statuses": other_statuses} if other_statuses else {}))
+        n = await h.start(sink("slack", h.rx.url), ce, retry_initial_s=1, retry_max_s=30, give_up_after_s=300)
+        await n.enqueue(incident_event("inc-1", "blocked"))
+        expected = 1 + (other_statuses is None)  # the failure page, and the notice itself when it takes it
+        await h.settled(n, expected + 1)
+        await asyncio.sleep(600)
+        pages = [r.json() for r in other.requests]
+    assert len(pages) == expected
+    page = pages[-1]
+    assert page["type"] == "io.trainmedic.incident.notification_failed"
+    assert page["data"]["failed_sink"] == "slack" and page["data"]["severity"] == "critical"
+    assert page["data"]["incident_id"] == "inc-1" and page["data"]["status"] == "blocked"
+    assert page["data"]["summary"]["en"].startswith(f"Notification sink slack failed permanently: {error}. ")
+    assert page["data"]["summary"]["zh"].startswith(f"通知渠道 slack 永久投递失败：{error}。")
+    assert "GPU has fallen off the bus" in page["data"]["summary"]["en"]
+    (note,) = h.timeline("inc-1", "notify_escalated")
+    assert note["failed_sink"] == "slack" and note["to"] == ["cloudevents"] and note["error"] == error
+    assert value(h.telemetry, "trainmedic_notify_sink_failed_total", sink="slack", reason=reason) == 1
+    assert value(h.telemetry, "trainmedic_notify_sink_failed_total", sink="cloudevents", reason=reason) == 0
+
+
+@pytest.mark.looptime
+@pytest.mark.asyncio
+async def test_failure_pages_that_fail_are_counted_not_paged_again(h: Harness) -> None:
+    """Both sinks refuse everything: each gets the notice and the other's failure page, once; nothing loops."""
+    h.incident("inc-1")
+    h.rx.default = Reply(404, "no_service")
+    async with Receiver() as other:
+        other.default = Reply(404, "no_service")
+        n = await h.start(sink("slack", h.rx.url), sink("cloudevents", other.url))
+        await n.enqueue(incident_event("inc-1", "blocked"))
+        await h.settled(n, 4)
+        await asyncio.sleep(3600)
+        assert len(other.requests) == 2
+    assert len(h.rx.requests) == 2
+    for name in ("slack", "cloudevents"):
+        assert value(h.telemetry, "trainmedic_notify_sink_failed_total", sink=name, reason="refused") == 2
+    assert sorted(e["failed_sink"] for e in h.timeline("inc-1", "notify_escalated")) == ["cloudevents", "slack"]
+
+
+@pytest.mark.looptime
+@pytest.mark.asyncio
+async def test_with_no_other_sink_the_failure_is_noted_and_counted(h: Harness) -> None:
+    h.incident("inc-1")
+    h.rx.default = Reply(410, "gone")
+    n = await h.start(sink("slack", h.rx.url))
+    await n.enqueue(incident_event("inc-1", "blocked"))
+    await h.settled(n, 1)
+    (note,) = h.timeline("inc-1", "notify_escalated")
+    assert note["to"] == [] and note["failed_sink"] == "slack"
+    assert value(h.telemetry, "trainmedic_notify_sink_failed_total", sink="slack", reason="refused") == 1
+
+
+def test_a_failure_page_is_an_alert_and_a_chat_title_of_its_own() -> None:
+    notice = Notice.from_incident_event(incident_event("inc-1", "resolved"))
+    page = notice.sink_failure("feishu", "HTTP 400: sign match fail", at=BASE + 5)
+    assert page.dedup_key == "inc-1/resolved/sink-failed:feishu" != notice.dedup_key
+    alerts = payloads.alertmanager_alerts([notice, page], now=BASE + 10)
+    by_name = {a["labels"]["alertname"]: a for a in alerts}
+    assert set(by_name) == {"TrainmedicIncident", "TrainmedicNotificationFailed"}
+    failed = by_name["TrainmedicNotificationFailed"]
+    assert failed["labels"]["failed_sink"] == "feishu" and "endsAt" not in failed  # firing: a person must see it
+    assert "endsAt" in by_name["TrainmedicIncident"]
+    text = json.dumps(payloads.slack_message([page], lang="both"), ensure_ascii=False)
+    assert "sink feishu failed permanently" in text and "通知渠道 feishu 永久投递失败" in text
+
+
+def test_a_failure_page_leaves_the_single_use_approve_link_behind() -> None:
+    notice = Notice.from_incident_event(
+        incident_event("inc-1", "awaiting_approval"),
+        incident_url="https://trainmedic.example/console/incidents/inc-1",
+        approve_url="https://trainmedic.example/console/approve/inc-1?sig=one-time",
+    )
+    page = notice.sink_failure("slack", "HTTP 404: no_service", at=BASE)
+    assert page.approve_url is None and page.incident_url == notice.incident_url
+    assert "one-time" not in json.dumps(page.as_dict()) and page.as_dict()["failed_sink"] == "slack"
+    assert Notice.from_dict(page.as_dict()) == page
+
+
+@pytest.mark.looptime
+@pytest.mark.asyncio
+@pytest.mark.parametrize(("lang", "text"), [("en", "Sink failed for good"), ("zh", "通知渠道永久失败")])
+async def test_the_report_timeline_names_the_page_through_the_other_sinks(h: Harness, lang: str, text: str) -> None:
+    from agent.reporting import render_incident
+
+    h.incident("inc-1")
+    h.rx.default = Reply(404, "no_service")
+    async with Receiver() as other:
+        n = await h.start(sink("slack", h.rx.url), sink("cloudevents", other.url))
+        await n.enqueue(incident_event("inc-1", "blocked"))
+        await h.settled(n, 3)
+    assert text in render_incident(h.store, "inc-1", fmt="md", lang=lang)

@@ -131,6 +131,7 @@ def load_plugins() -> dict[str, ChipPlugin]:
 
 def clear_cache() -> None:
     _cached.cache_clear()
+    _resource_index.cache_clear()
     _device_patterns.cache_clear()
 
 
@@ -167,6 +168,24 @@ def detect_chip(labels: Mapping[str, str]) -> ChipPlugin | None:
 
 
 # -- per-chip facts, asked of every plugin -----------------------------------------------------------
+
+
+@functools.cache
+def _resource_index() -> tuple[tuple[str, bool, ChipPlugin], ...]:
+    out: list[tuple[str, bool, ChipPlugin]] = []
+    for plugin in _cached().values():
+        out.extend((name, False, plugin) for name in plugin.resource_names)
+        out.extend((prefix, True, plugin) for prefix in plugin.resource_prefixes)
+    return tuple(out)
+
+
+def plugin_of_resource(resource: str) -> ChipPlugin | None:
+    """The plugin whose device plugin advertises this extended resource (`nvidia.com/gpu`, a MIG
+    slice `nvidia.com/mig-1g.10gb`, `huawei.com/Ascend910`), else None."""
+    for key, prefix, plugin in _resource_index():
+        if resource == key or (prefix and resource.startswith(key)):
+            return plugin
+    return None
 
 
 def plugin_of_exporter_labels(labels: Mapping[str, str]) -> ChipPlugin | None:

@@ -723,6 +723,8 @@ class Cluster:
                     "volcano.sh/job-namespace": ns,
                     "volcano.sh/queue-name": spec.get("queue", "default"),
                     "volcano.sh/task-spec": task["name"],
+                    # Volcano (v1.10.0 createJobPod) puts the task index in a label too.
+                    "volcano.sh/task-index": str(i),
                 }
                 annotations = {
                     "volcano.sh/job-name": jname,

@@ -90,7 +90,7 @@ from trainmedic.events import (
     make_event,
 )
 from trainmedic.models import Source
-from udal.registry import detect_chip, load_plugins
+from udal.registry import detect_chip, load_plugins, plugin_of_resource
 
 if TYPE_CHECKING:
     from detectors.diagnose import LogInput
@@ -652,22 +652,31 @@ def event_time(obj: Mapping[str, Any]) -> float | None:
 
 
 def _plugin_resources() -> dict[str, str]:
-    """Extended-resource names and prefixes (a key ending in "*") -> chip, from every chip plugin."""
+    """Resource name -> chip for the chip plugins' exact `resource_names` (computed once by a watcher)."""
     out: dict[str, str] = {}
     with contextlib.suppress(Exception):  # a broken third-party plugin must not stop node watching
         for plugin in load_plugins().values():
             for res in plugin.resource_names:
-                out.setdefault(res, plugin.chip.value)
-            for prefix in plugin.resource_prefixes:
-                out.setdefault(prefix + "*", plugin.chip.value)
+                out[res] = plugin.chip.value
     return out
 
 
 def _resource_chip(res: str, plugin_resources: Mapping[str, str]) -> str | None:
+    """The chip of an extended resource: `plugin_resources` first, else the chip plugin that claims
+    it by name or prefix (udal.registry.plugin_of_resource); None for any other resource."""
     chip = plugin_resources.get(res)
-    if chip is not None:
-        return chip
-    return next((c for key, c in plugin_resources.items() if key.endswith("*") and res.startswith(key[:-1])), None)
+    if chip is None:
+        with contextlib.suppress(Exception):  # a broken third-party plugin must not stop node watching
+            plugin = plugin_of_resource(res)
+            chip = plugin.chip.value if plugin is not None else None
+    return chip
+
+
+def is_accelerator_resource(name: str, plugin_resources: Mapping[str, str] | None = None) -> bool:
+    """A resource name of an accelerator: one a chip plugin declares (its `resource_names` and
+    `resource_prefixes`: NVIDIA GPUs and MIG slices, Huawei Ascend NPUs, Cambricon MLUs, ...)."""
+    plugin_resources = _plugin_resources() if plugin_resources is None else plugin_resources
+    return _resource_chip(name, plugin_resources) is not None
 
 
 def _quantity(v: Any) -> int | None:

@@ -1,5 +1,6 @@
 """The real control plane (tests/servers/kubeplane.py), started once for the whole realplane session,
-with the shipped deploy/ RBAC applied as is and a `training` namespace for the jobs."""
+with the shipped deploy/ RBAC applied as is, a `training` namespace for the jobs and the Volcano Job
+and Kubeflow PyTorchJob CRDs as their projects publish them (tests/cluster/crds/)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ DEPLOY_RBAC = (
     ROOT / "deploy" / "training-namespace" / "role.yaml",
 )
 TRAINING = "training"
+CRDS = sorted((ROOT / "tests" / "cluster" / "crds").glob("*.yaml"))
 
 
 def deploy_docs() -> list[dict[str, Any]]:
@@ -37,6 +39,7 @@ def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KubePlane]:
         p.start()
         p.apply([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": TRAINING}}])
         p.apply(deploy_docs())
+        p.install_crds(CRDS)
         yield p
     finally:
         p.stop()

@@ -32,6 +32,13 @@ TRAINING = "training"
 XID79 = "NVRM: Xid (PCI:0000:3b:00): 79, pid=2876, name=python, GPU has fallen off the bus."
 RESUME_ARGS = "--resume_from_checkpoint={checkpoint}"
 GPU = "nvidia.com/gpu"
+# The training workloads in the namespace: batch/v1 Jobs, Volcano Jobs, Kubeflow PyTorchJobs (the
+# CRDs are installed on the plane, tests/cluster/crds/).
+WORKLOAD_COLLECTIONS = (
+    f"/apis/batch/v1/namespaces/{TRAINING}/jobs",
+    f"/apis/batch.volcano.sh/v1alpha1/namespaces/{TRAINING}/jobs",
+    f"/apis/kubeflow.org/v1/namespaces/{TRAINING}/pytorchjobs",
+)
 
 
 async def until(what: str, predicate: Callable[[], Any], timeout: float = 60.0, every: float = 0.2) -> Any:
@@ -96,6 +103,63 @@ def job_body(
             },
         },
     }
+
+
+def _container(name: str) -> dict[str, Any]:
+    limits = {GPU: "8", "cpu": "1", "memory": "1Gi"}
+    return {
+        "name": name,
+        "image": "registry.example/train:1",
+        "command": ["torchrun"],
+        "resources": {"limits": limits, "requests": limits},
+    }
+
+
+def _pod_template(container: str) -> dict[str, Any]:
+    return {
+        "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 0, "containers": [_container(container)]}
+    }
+
+
+def _meta(name: str, ckpt: Path | None) -> dict[str, Any]:
+    ann = {"trainmedic.io/resume-args": RESUME_ARGS}
+    if ckpt is not None:
+        ann["trainmedic.io/checkpoint-dir"] = str(ckpt)
+    return {"name": name, "namespace": TRAINING, "annotations": ann}
+
+
+def volcano_job(name: str, ckpt: Path | None = None) -> dict[str, Any]:
+    """A Volcano Job of one task, two pods (one per node: each asks for all 8 GPUs of a node). No
+    Volcano scheduler runs on the test plane: the stock one places the pods."""
+    return {
+        "apiVersion": "batch.volcano.sh/v1alpha1",
+        "kind": "Job",
+        "metadata": _meta(name, ckpt),
+        "spec": {
+            "schedulerName": "default-scheduler",
+            "minAvailable": 2,
+            "queue": "default",
+            "tasks": [{"name": "worker", "replicas": 2, "template": _pod_template("trainer")}],
+        },
+    }
+
+
+def pytorch_job(name: str, ckpt: Path | None = None) -> dict[str, Any]:
+    """A PyTorchJob of a Master and a Worker (the operator's container name is `pytorch`)."""
+    replica = {"replicas": 1, "restartPolicy": "Never", "template": _pod_template("pytorch")}
+    return {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "PyTorchJob",
+        "metadata": _meta(name, ckpt),
+        "spec": {"pytorchReplicaSpecs": {"Master": dict(replica), "Worker": dict(replica)}},
+    }
+
+
+# The custom workload kinds: how to make one, and its collection in the training namespace.
+CUSTOM_KINDS: dict[str, tuple[Callable[..., dict[str, Any]], str]] = {
+    "volcano": (volcano_job, f"/apis/batch.volcano.sh/v1alpha1/namespaces/{TRAINING}/jobs"),
+    "pytorchjob": (pytorch_job, f"/apis/kubeflow.org/v1/namespaces/{TRAINING}/pytorchjobs"),
+}
 
 
 def get_job(plane: KubePlane, name: str) -> dict[str, Any] | None:
@@ -204,7 +268,7 @@ class Agents:
     async def kernel_line(self, node: str, job: dict[str, Any], line: str) -> None:
         """What the node agent on `node` publishes for a kernel message about the job's pod there."""
         meta = job["metadata"]
-        ref = JobRef(namespace=meta["namespace"], name=meta["name"], kind="Job", api_version="batch/v1")
+        ref = JobRef(namespace=meta["namespace"], name=meta["name"], kind=job["kind"], api_version=job["apiVersion"])
         batch = KernelBatch(node=node, job=ref, source="kmsg", lines=[line], times=[time.time()])
         await self.bus.publish(Topic.KERNEL, make_event(batch, producer=f"node/{node}"))
 
@@ -238,6 +302,16 @@ def gone_ok(plane: KubePlane, method: str, path: str, body: Any, *, content_type
             raise
 
 
+def _items(plane: KubePlane, collection: str) -> list[dict[str, Any]]:
+    """The objects of a collection; none where it is not served (a plane without the CRDs)."""
+    try:
+        return list(plane.request("GET", collection)["items"])
+    except urllib.error.HTTPError as e:
+        if e.code == 404:
+            return []
+        raise
+
+
 async def clean(plane: KubePlane) -> None:
     """Back to six healthy, schedulable nodes and no training jobs: KWOK plays every node again, our
     quarantines are released, the jobs and their pods are gone."""
@@ -246,21 +320,19 @@ async def clean(plane: KubePlane) -> None:
         for n in plane.nodes:
             plane.revive_node(n.name)
             await ops.release_node(n.name)
-        jobs = plane.request("GET", f"/apis/batch/v1/namespaces/{TRAINING}/jobs")["items"]
-        for j in jobs:
-            name = j["metadata"]["name"]
-            if j["metadata"].get("finalizers"):
-                gone_ok(
-                    plane,
-                    "PATCH",
-                    f"/apis/batch/v1/namespaces/{TRAINING}/jobs/{name}",
-                    {"metadata": {"finalizers": None}},
-                    content_type="application/merge-patch+json",
-                )
-            with contextlib.suppress(urllib.error.HTTPError):
-                plane.request(
-                    "DELETE", f"/apis/batch/v1/namespaces/{TRAINING}/jobs/{name}", {"propagationPolicy": "Background"}
-                )
+        for base in WORKLOAD_COLLECTIONS:
+            for j in _items(plane, base):
+                name = j["metadata"]["name"]
+                if j["metadata"].get("finalizers"):
+                    gone_ok(
+                        plane,
+                        "PATCH",
+                        f"{base}/{name}",
+                        {"metadata": {"finalizers": None}},
+                        content_type="application/merge-patch+json",
+                    )
+                with contextlib.suppress(urllib.error.HTTPError):
+                    plane.request("DELETE", f"{base}/{name}", {"propagationPolicy": "Background"})
         for p in plane.request("GET", f"/api/v1/namespaces/{TRAINING}/pods")["items"]:
             name = p["metadata"]["name"]
             if p["metadata"].get("finalizers"):
@@ -278,8 +350,10 @@ async def clean(plane: KubePlane) -> None:
 
         def settled() -> bool:
             pods = plane.request("GET", f"/api/v1/namespaces/{TRAINING}/pods")["items"]
-            jobs = plane.request("GET", f"/apis/batch/v1/namespaces/{TRAINING}/jobs")["items"]
-            left[:] = [f"pod {p['metadata']['name']}" for p in pods] + [f"job {j['metadata']['name']}" for j in jobs]
+            jobs = [j for base in WORKLOAD_COLLECTIONS for j in _items(plane, base)]
+            left[:] = [f"pod {p['metadata']['name']}" for p in pods] + [
+                f"{j.get('kind', 'Job')} {j['metadata']['name']}" for j in jobs
+            ]
             for n in plane.nodes:
                 node = plane.node(n.name)
                 if plane.node_ready(n.name) and not (node.get("status") or {}).get("addresses"):

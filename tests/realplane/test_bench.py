@@ -16,8 +16,10 @@ from bench.realplane import FIGURES, run_realplane
 @pytest.mark.timeout(300)
 def test_the_bench_measures_each_figure_once_on_the_real_plane() -> None:
     require_plane()
-    out = run_realplane(repetitions=1)
+    out = run_realplane(repetitions=1, churn=200, scale_nodes=10, scale_pods=40)
     assert "realplane_error" not in out, out["realplane_error"]
+    assert "scale_error" not in out, out["scale_error"]
+    assert (out["scale_nodes"], out["scale_pods"]) == (10, 40)
     json.dumps(out)  # goes into bench/results.json as is
     for key in FIGURES:
         assert isinstance(out[key], float) and out[key] > 0, (key, out[key])

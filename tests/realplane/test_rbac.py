@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -22,7 +23,7 @@ from agent.telemetry import Telemetry
 from agent.watchers.k8s import KubeWatchers
 from remediations.kube import KubeForbidden, KubeOps
 
-from .plane import TRAINING, clean, create_job, job_body, running_on, until
+from .plane import CUSTOM_KINDS, TRAINING, clean, create_job, job_body, running_on, until
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(300)]
 
@@ -64,6 +65,72 @@ async def test_everything_the_brain_does_is_allowed(plane: KubePlane, brain: Kub
     assert await ops.wait_gone("batch/v1", "Job", TRAINING, "rbac", uid=found["metadata"]["uid"], timeout_s=30)
     created = await ops.create_workload(job_body("rbac", pods=1))
     assert created["metadata"]["uid"] != found["metadata"]["uid"]
+
+
+@pytest.mark.parametrize("kind", list(CUSTOM_KINDS))
+async def test_the_brain_may_restart_volcano_jobs_and_pytorchjobs(plane: KubePlane, brain: KubeOps, kind: str) -> None:
+    """The restart of a custom workload, as the brain: read it, delete this incarnation, wait for it
+    to go, create the replacement (the CRDs as published, served by the real API server)."""
+    make, collection = CUSTOM_KINDS[kind]
+    body = make("rbac-" + kind)
+    api_version, kind_name, name = body["apiVersion"], body["kind"], body["metadata"]["name"]
+    plane.request("POST", collection, body)
+    ops = brain
+    found = await ops.get_workload(api_version, kind_name, TRAINING, name)
+    assert found is not None and found["kind"] == kind_name
+    assert await ops.delete_workload(found, propagation="Foreground")
+    assert await ops.wait_gone(api_version, kind_name, TRAINING, name, uid=found["metadata"]["uid"], timeout_s=60)
+    created = await ops.create_workload(make(name))
+    assert created["metadata"]["uid"] != found["metadata"]["uid"]
+
+
+@pytest.mark.parametrize("kind", list(CUSTOM_KINDS))
+@pytest.mark.parametrize("verb", ["get", "delete", "create"])
+async def test_volcano_jobs_and_pytorchjobs_outside_the_training_namespace_are_denied(
+    brain: KubeOps, kind: str, verb: str
+) -> None:
+    make, _ = CUSTOM_KINDS[kind]
+    body = make("x")
+    body["metadata"]["namespace"] = "default"
+    plural = "jobs" if kind == "volcano" else "pytorchjobs"
+    with pytest.raises(KubeForbidden) as caught:
+        if verb == "get":
+            await brain.get_workload(body["apiVersion"], body["kind"], "default", "x")
+        elif verb == "delete":
+            await brain.delete_workload(body)
+        else:
+            await brain.create_workload(body)
+    message = str(caught.value)
+    assert f"{plural}: {verb}" in message and "Role" in message
+
+
+@pytest.mark.parametrize("kind", list(CUSTOM_KINDS))
+@pytest.mark.parametrize("verb", ["list", "patch", "update", "deletecollection"])
+async def test_the_brain_has_no_other_verb_on_volcano_jobs_and_pytorchjobs(
+    plane: KubePlane, brain: KubeOps, kind: str, verb: str
+) -> None:
+    """get, delete and create in the training namespace are all the restart uses; the real
+    authorizer refuses the rest."""
+    make, _ = CUSTOM_KINDS[kind]
+    body = make("other-verbs")
+    group, _, version = body["apiVersion"].partition("/")
+    plural = "jobs" if kind == "volcano" else "pytorchjobs"
+    api = plane.api_client(plane.service_account_token("trainmedic", "trainmedic-brain"))
+    custom = kclient.CustomObjectsApi(api)
+    calls = {
+        "list": lambda: custom.list_namespaced_custom_object(group, version, TRAINING, plural),
+        "patch": lambda: custom.patch_namespaced_custom_object(group, version, TRAINING, plural, "x", {}),
+        "update": lambda: custom.replace_namespaced_custom_object(group, version, TRAINING, plural, "x", body),
+        "deletecollection": lambda: custom.delete_collection_namespaced_custom_object(group, version, TRAINING, plural),
+    }
+    try:
+        with pytest.raises(ApiException) as caught:
+            await asyncio.to_thread(calls[verb])
+    finally:
+        api.close()
+    assert caught.value.status == 403, caught.value.body
+    message = json.loads(caught.value.body or "{}").get("message", "")
+    assert f'cannot {verb} resource "{plural}" in API group "{group}"' in message, message
 
 
 Call = Callable[[KubeOps], Awaitable[Any]]
@@ -120,8 +187,10 @@ async def test_secrets_and_exec_outside_the_namespace_are_denied(plane: KubePlan
         lambda ops: ops.quarantine_node("gpu-1", incident_id="inc-x", fault_class="gpu_hw", reason="x"),
         lambda ops: ops.get_workload("batch/v1", "Job", TRAINING, "x"),
         lambda ops: ops.add_pod_finalizer(TRAINING, "x"),
+        lambda ops: ops.get_workload("batch.volcano.sh/v1alpha1", "Job", TRAINING, "x"),
+        lambda ops: ops.delete_workload(CUSTOM_KINDS["pytorchjob"][0]("x")),
     ],
-    ids=["quarantine", "get-job", "hold-pod"],
+    ids=["quarantine", "get-job", "hold-pod", "get-volcano-job", "delete-pytorchjob"],
 )
 async def test_the_cluster_role_only_reads(plane: KubePlane, call: Call) -> None:
     api = plane.api_client(plane.service_account_token("trainmedic", "trainmedic-cluster"))
@@ -141,9 +210,11 @@ async def test_the_cluster_role_watches_everything_it_needs(plane: KubePlane) ->
     try:
         await asyncio.wait_for(w.ready.wait(), 30)
         states = w.states()
-        # Volcano and Kubeflow are not installed here: missing, never forbidden.
-        assert not [n for n, s in states.items() if s == "forbidden"], states
-        assert {s for n, s in states.items() if n in ("pods", "events", "nodes", "jobs")} <= {"listing", "watching"}
+        # The Volcano and Kubeflow CRDs are installed: those are watched too, never forbidden.
+        assert not [n for n, s in states.items() if s in ("forbidden", "missing")], states
+        watched = ("pods", "events", "nodes", "jobs", "volcanojobs", "pytorchjobs")
+        assert {s for n, s in states.items() if n in watched} <= {"listing", "watching"}, states
+        assert set(watched) <= set(states), states
     finally:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):

@@ -118,3 +118,25 @@ async def test_a_pool_that_may_go_whole_writes_no_claims(tmp_path: Path) -> None
     await asyncio.gather(*(h.handle(diagnosis("train", f"job-{i}", f"gpu-{i}")) for i in range(4)))
     assert len(kube.quarantines) == 4
     assert kube.claims_written == 0
+
+
+@pytest.mark.parametrize(
+    ("age_s", "status"),
+    [(1.0, IncidentStatus.BLOCKED), (RESERVATION_HOLD_S + 60, IncidentStatus.AWAITING_APPROVAL)],
+)
+@pytest.mark.looptime
+async def test_the_plan_counts_a_claim_in_flight(tmp_path: Path, age_s: float, status: IncidentStatus) -> None:
+    """Another brain claimed gpu-9 and is about to taint it: the plan for gpu-0 is made with that place
+    taken (the breaker is open at plan time, nobody is asked to approve a plan that cannot run); a claim
+    older than the reservation hold (its brain died) is not counted."""
+    kube = FakeKube(nodes={f"gpu-{i}": node(f"gpu-{i}") for i in range(10)})
+    kube.nodes["gpu-9"]["metadata"]["annotations"][CLAIM_ANNOTATION] = format_claim(time.time() - age_s, "other")
+    (h,) = brains(tmp_path, kube, 1, 0.1, mode="approve")
+    incident = await h.handle(diagnosis("train", "job-0", "gpu-0"))
+    assert incident.status is status
+    blocked = (incident.plan or {}).get("blocked") or {}
+    if status is IncidentStatus.BLOCKED:
+        assert "Circuit breaker open" in blocked.get("en", "") and "1 of 10 nodes" in blocked.get("en", "")
+    else:
+        assert not blocked
+    assert kube.quarantines == []

@@ -819,3 +819,35 @@ async def test_a_secret_flag_split_from_its_value_in_args_is_redacted(
     files = files_of(result.dir)
     assert not any(secret.encode() in data for data in files.values())
     assert any(args[0].encode() in data for data in files.values()), "the flag itself is kept"
+
+
+# -- what `diagnose --job --save` relies on: init containers kept, one event order --------------------------
+
+
+def test_init_containers_logs_are_kept_first(tmp_path: Path) -> None:
+    pod = make_pod("llama-0", node="node-a", rank=0)
+    pod["spec"]["initContainers"] = [{"name": "fetch", "image": "registry.example/fetch:1"}]
+    pod["status"]["initContainerStatuses"] = [
+        {"name": "fetch", "restartCount": 2, "lastState": {"terminated": {"exitCode": 1}}, "state": {"running": {}}}
+    ]
+    source = FakeSource({("llama-0", False): "current\n", ("llama-0", True): "previous\n"})
+    inputs = SceneInputs(incident_id="inc-init", diagnosis=diagnosis_event([]), pods=[pod], now=NOW)
+    result = asyncio.run(save_scene(tmp_path, inputs, source, FAST))
+    (p,) = result.manifest["pods"]
+    assert [c["name"] for c in p["containers"]] == ["fetch", "trainer"]
+    assert p["containers"][0]["log"] == "layout/node-a/rank0_llama-0_fetch.log"
+    assert p["containers"][0]["previous_log"] == "layout/node-a/rank0_llama-0_fetch.previous.log"
+    assert (result.dir / "layout/node-a/rank0_llama-0_fetch.previous.log").read_text() == "previous\n"
+
+
+@pytest.mark.parametrize("reverse", [False, True], ids=["listed-in-order", "listed-reversed"])
+def test_events_of_one_second_keep_one_order_whatever_the_listing(tmp_path: Path, reverse: bool) -> None:
+    """Events with the same timestamp are ordered by namespace and name: `diagnose --job` orders what it
+    read the same way, so the findings' line numbers in `events` agree."""
+    events = [event("Pod", "llama-0", reason) for reason in ("BackOff", "Failed", "Killing", "Unhealthy")]
+    source = FakeSource({}, events=list(reversed(events)) if reverse else events)
+    pod = make_pod("llama-0", node="node-a", rank=0)
+    inputs = SceneInputs(incident_id="inc-ev", diagnosis=diagnosis_event([]), pods=[pod], now=NOW)
+    result = asyncio.run(save_scene(tmp_path, inputs, source, FAST))
+    saved = yaml.safe_load((result.dir / "events.yaml").read_text())
+    assert [e["reason"] for e in saved] == ["BackOff", "Failed", "Killing", "Unhealthy"]

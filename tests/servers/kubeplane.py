@@ -24,6 +24,7 @@ Where a binary is missing, `require_plane()` skips the test, or fails it under C
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import os
 import signal
@@ -174,9 +175,20 @@ DEFAULT_NODES = (
 class KubePlane:
     """The whole plane; see the module docstring."""
 
-    def __init__(self, workdir: Path, nodes: Sequence[FakeNode] = DEFAULT_NODES) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        nodes: Sequence[FakeNode] = DEFAULT_NODES,
+        *,
+        node_grace_s: int = NODE_GRACE_S,
+        node_monitor_period_s: int = NODE_MONITOR_PERIOD_S,
+        node_lease_s: int = NODE_LEASE_S,
+    ) -> None:
         self.dir = workdir
         self.nodes = list(nodes)
+        self.node_grace_s = node_grace_s
+        self.node_monitor_period_s = node_monitor_period_s
+        self.node_lease_s = node_lease_s
         self.bin = bin_dir()
         self.pki = workdir / "pki"
         self.port = free_port()
@@ -185,6 +197,7 @@ class KubePlane:
         self.etcd_url = f"http://127.0.0.1:{self.etcd_port}"
         self.kubeconfig = workdir / "admin.kubeconfig"
         self.procs: dict[str, Proc] = {}
+        self.crd_collections: list[str] = []  # what install_crds installed, cluster-wide list paths
 
     # -- processes ---------------------------------------------------------------------------------
 
@@ -254,8 +267,8 @@ class KubePlane:
                 "namespace-controller,pod-garbage-collector-controller,root-ca-certificate-publisher-controller",
                 f"--service-account-private-key-file={self.pki / 'sa.key'}",
                 f"--root-ca-file={self.pki / 'ca.crt'}",
-                f"--node-monitor-period={NODE_MONITOR_PERIOD_S}s",
-                f"--node-monitor-grace-period={NODE_GRACE_S}s",
+                f"--node-monitor-period={self.node_monitor_period_s}s",
+                f"--node-monitor-grace-period={self.node_grace_s}s",
                 "--node-startup-grace-period=20s",
                 "--concurrent-job-syncs=10",
                 "--kube-api-qps=200",
@@ -313,7 +326,7 @@ class KubePlane:
                 f"--config={self.bin.parent / 'kwok-stages.yaml'}",
                 f"--config={logs}",
                 f"--manage-single-node={node}",
-                f"--node-lease-duration-seconds={NODE_LEASE_S}",
+                f"--node-lease-duration-seconds={self.node_lease_s}",
                 "--cidr=10.244.0.0/16",
                 # The node's kubelet endpoint is KWOK's own server (logs through the API server).
                 "--node-ip=127.0.0.1",
@@ -321,6 +334,22 @@ class KubePlane:
                 f"--server-address=127.0.0.1:{port}",
                 f"--tls-cert-file={self.pki / 'apiserver.crt'}",
                 f"--tls-private-key-file={self.pki / 'apiserver.key'}",
+            ],
+        )
+
+    def start_bulk_kwok(self, label: str) -> None:
+        """One KWOK process playing the kubelets of every node labelled `label`=true (the scale
+        figures' thousand nodes: one process each would not fit the machine). No kubelet API."""
+        self._proc(
+            f"kwok-bulk-{label.replace('/', '-')}",
+            [
+                str(self.bin / "kwok"),
+                f"--kubeconfig={self.kubeconfig}",
+                f"--config={self.bin.parent / 'kwok-stages.yaml'}",
+                f"--manage-nodes-with-label-selector={label}=true",
+                f"--node-lease-duration-seconds={self.node_lease_s}",
+                "--cidr=10.244.0.0/16",
+                "--node-ip=127.0.0.1",
             ],
         )
 
@@ -357,6 +386,9 @@ class KubePlane:
         self.procs["kube-apiserver"].stop()
         self._proc("kube-apiserver", self._apiserver_argv(watch_cache=watch_cache))
         self.wait_apiserver(timeout)
+        # Ready is not yet serving the custom resources: their collections answer 429 for a moment.
+        for collection in self.crd_collections:
+            self._wait(f"{collection} served again", functools.partial(self._get, collection), timeout)
 
     def wait_apiserver(self, timeout: float = 60.0) -> None:
         self._wait("kube-apiserver ready", lambda: self._get("/readyz") is not None, timeout)
@@ -480,6 +512,28 @@ class KubePlane:
                 new = dict(doc)
                 new["metadata"] = {**doc["metadata"], "resourceVersion": cur["metadata"]["resourceVersion"]}
                 self.request("PUT", f"{path}/{doc['metadata']['name']}", new)
+
+    def install_crds(self, files: Sequence[Path], timeout: float = 60.0) -> None:
+        """Create the CustomResourceDefinitions in `files` and wait until the API server serves each
+        (Established, and its collection answers a list)."""
+        served: list[tuple[str, str]] = []
+        for path in files:
+            docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
+            self.apply(docs)
+            for d in docs:
+                spec = d["spec"]
+                version = next(v["name"] for v in spec["versions"] if v.get("served"))
+                served.append((d["metadata"]["name"], f"/apis/{spec['group']}/{version}/{spec['names']['plural']}"))
+
+        def established(name: str) -> bool:
+            crd = self._get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}") or {}
+            conds = (crd.get("status") or {}).get("conditions") or []
+            return any(c.get("type") == "Established" and c.get("status") == "True" for c in conds)
+
+        for name, collection in served:
+            self._wait(f"the CRD {name} established", functools.partial(established, name), timeout)
+            self._wait(f"{collection} served", functools.partial(self._get, collection), timeout)
+            self.crd_collections.append(collection)
 
     # -- nodes -------------------------------------------------------------------------------------
 

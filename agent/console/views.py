@@ -1,0 +1,565 @@
+"""The console's routes (all under /console, none in the OpenAPI schema).
+
+    GET  /console                         -> the incident list
+    GET  /console/login, POST /console/login, POST /console/logout
+    GET  /console/incidents               list: status, fault class, chip, node, job, time range, pages
+    GET  /console/incidents/{id}          the incident: outcome, plan, decision, timeline, evidence, scene
+    GET  /console/incidents/{id}/report   the incident's HTML report (framed by the incident page)
+    POST /console/incidents/{id}/approve|reject|release
+    GET  /console/changes[?incident=ID]   {"updated", "count"}: what the live-update script polls
+    GET  /console/link/{token}            a signed approve link: a confirmation page (never a change)
+    POST /console/link/{token}            the confirmation: approves once
+    GET  /console/static/console.css|console.js
+
+Auth: reads need a session (or the bearer token) unless `api.read_auth` is false; every POST
+needs the bearer token, or a session and the form's CSRF token. A signed link authorises its one
+decision by itself, and its form carries a CSRF token of its own. Decisions go through the same
+store call as `POST /api/v1/incidents/{id}/approve` and `trainmedic approve`; release through the
+same `KubeOps.release_node` as `trainmedic release-node --incident`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import os
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import urlencode
+
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+
+from agent.config import ApiSettings
+from agent.console import parts
+from agent.console.pages import (
+    HEADERS,
+    LABELS,
+    PREFIX,
+    REPORT_CSP,
+    STATIC,
+    Refusal,
+    lang_of,
+    page,
+    redirect,
+    refusal_page,
+    secure_cookie,
+)
+from agent.console.security import (
+    MAX_NAME_CHARS,
+    SESSION_COOKIE,
+    LinkProblem,
+    Links,
+    Session,
+    Sessions,
+    console_key,
+)
+from agent.store import LIST_FILTERS, Incident, IncidentStatus, IncidentStore, LinkUsedError, StoreError
+from reports.notice import STATUS_TEXT, clean_text, label
+
+log = logging.getLogger("trainmedic.console")
+
+PAGE_SIZE = 50
+MAX_PAGE = 10_000
+MAX_EVIDENCE = 20
+MAX_SCENE_FILES = 300
+MAX_FILTER_CHARS = 253
+# (node, incident id) -> True when released, False when the node was not quarantined.
+ReleaseNode = Callable[[str, str], Awaitable[bool]]
+Render = Callable[[str, str, str], str]
+
+
+class _LoginFirst(Exception):
+    def __init__(self, target: str) -> None:
+        super().__init__(target)
+        self.target = target
+
+
+@dataclass(frozen=True)
+class Viewer:
+    """Who is asking: `session` when signed in through the browser, `bearer` with the API token,
+    `open` where reads need no auth (api.read_auth false) and nobody signed in."""
+
+    via: str
+    name: str
+    session: Session | None = None
+
+
+@dataclass
+class Console:
+    store: IncidentStore | None
+    settings: ApiSettings
+    token: str | None
+    sessions: Sessions
+    links: Links | None
+    render: Render | None
+    release: ReleaseNode | None
+    clock: Callable[[], float]
+
+    # -- auth -------------------------------------------------------------------------------------
+
+    def bearer_ok(self, request: Request) -> bool:
+        value = request.headers.get("authorization", "")
+        scheme, _, credentials = value.strip().partition(" ")
+        if scheme.lower() != "bearer" or not credentials.strip():
+            return False
+        if self.token is None:
+            return self.settings.allow_unauthenticated
+        return hmac.compare_digest(credentials.strip().encode(), self.token.encode())
+
+    def session_of(self, request: Request) -> Session | None:
+        return self.sessions.check(request.cookies.get(SESSION_COOKIE), now=self.clock())
+
+    def viewer(self, request: Request) -> Viewer:
+        """The reader of a page; sends the browser to the login page when reads need auth."""
+        session = self.session_of(request)
+        if session is not None:
+            return Viewer("session", session.name, session)
+        if self.bearer_ok(request):
+            return Viewer("bearer", "api token")
+        if not self.settings.read_auth:
+            return Viewer("open", "")
+        raise _LoginFirst(str(request.url.path) + (f"?{request.url.query}" if request.url.query else ""))
+
+    def actor(self, request: Request, form: Mapping[str, Any]) -> Viewer:
+        """The author of a change: the bearer token, or a session with its form's CSRF token."""
+        if self.bearer_ok(request):
+            return Viewer("bearer", "api token")
+        session = self.session_of(request)
+        if session is None:
+            raise Refusal(401, "unauthorized")
+        given = form.get("csrf")
+        if not self.sessions.csrf_ok(session, given if isinstance(given, str) else None):
+            raise Refusal(403, "csrf")
+        return Viewer("session", session.name, session)
+
+    def need_store(self) -> IncidentStore:
+        if self.store is None:
+            raise Refusal(503, "no_store")
+        return self.store
+
+
+def _safe_next(target: str | None) -> str:
+    """Only console paths of this site (no scheme, no host, no `//`): never an open redirect."""
+    if target and target.startswith(PREFIX + "/") and not target.startswith("//") and "\\" not in target:
+        return target
+    return f"{PREFIX}/incidents"
+
+
+def _parse_time(raw: str | None) -> float | None:
+    """`YYYY-MM-DDTHH:MM[:SS]` (an <input type="datetime-local">, read as UTC) or a date; None when empty."""
+    if not raw:
+        return None
+    try:
+        dt = datetime.fromisoformat(raw.strip())
+    except ValueError as e:
+        raise Refusal(400, "bad_time", value=raw[:40]) from e
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=UTC)
+    return dt.timestamp()
+
+
+# -- the routes ------------------------------------------------------------------------------------
+
+
+def mount_console(
+    app: FastAPI,
+    *,
+    store: IncidentStore | None,
+    settings: ApiSettings,
+    token: str | None,
+    render: Render | None = None,
+    release: ReleaseNode | None = None,
+    env: Mapping[str, str] | None = None,
+    clock: Callable[[], float] = time.time,
+) -> Console:
+    """Add the console's routes to `app` (the API calls this in create_app)."""
+    key = console_key(settings, token, env)
+    if key is None:
+        # No secret anywhere: sessions are signed with a key of this process (they end at a restart);
+        # approve links, which another process must check, are off.
+        key = os.urandom(32)
+        links = None
+    else:
+        links = Links(key, ttl_s=settings.approve_link_ttl_s)
+    console = Console(
+        store=store,
+        settings=settings,
+        token=token,
+        sessions=Sessions(key, token=token, ttl_s=settings.session_ttl_s),
+        links=links,
+        render=render,
+        release=release,
+        clock=clock,
+    )
+    app.state.console = console
+    router = APIRouter(prefix=PREFIX, include_in_schema=False)
+
+    @app.exception_handler(Refusal)
+    async def _refused(request: Request, exc: Refusal) -> Response:
+        if request.url.path == f"{PREFIX}/changes":
+            return JSONResponse({"error": exc.key}, status_code=exc.status, headers=dict(HEADERS))
+        return refusal_page(request, exc)
+
+    @app.exception_handler(_LoginFirst)
+    async def _login_first(request: Request, exc: _LoginFirst) -> Response:
+        if request.url.path == f"{PREFIX}/changes":
+            return JSONResponse({"error": "unauthorized"}, status_code=401, headers=dict(HEADERS))
+        if request.headers.get("sec-fetch-site") == "cross-site" and request.method == "GET":
+            # Followed from another site: the Strict session cookie was held back; this site's own
+            # reload sends it (and comes back same-origin, so this happens once).
+            return page(request, "bounce.html.j2")
+        return redirect(f"{PREFIX}/login?{urlencode({'next': exc.target})}")
+
+    async def form_of(request: Request) -> dict[str, str]:
+        form = await request.form(max_files=0, max_fields=16, max_part_size=64 * 1024)
+        try:
+            return {k: v for k, v in form.items() if isinstance(v, str)}
+        finally:
+            await form.close()
+
+    @router.get("")
+    async def root() -> Response:
+        return redirect(f"{PREFIX}/incidents")
+
+    @router.get("/static/{name}")
+    async def static(name: str) -> Response:
+        entry = STATIC.get(name)
+        if entry is None:
+            raise Refusal(404, "not_found")
+        media, path = entry
+        return Response(path.read_bytes(), media_type=media, headers={"Cache-Control": "max-age=300"})
+
+    # -- login ------------------------------------------------------------------------------------
+
+    def login_screen(request: Request, *, error: str | None = None, status: int = 200) -> HTMLResponse:
+        notice = None
+        if token is None:
+            notice = "login_open" if settings.allow_unauthenticated else "login_no_token"
+        return page(
+            request,
+            "login.html.j2",
+            status,
+            error=error,
+            notice=notice,
+            can_login=token is not None or settings.allow_unauthenticated,
+            next=_safe_next(request.query_params.get("next")),
+        )
+
+    @router.get("/login")
+    async def login_form(request: Request) -> Response:
+        return login_screen(request)
+
+    @router.post("/login")
+    async def login(request: Request) -> Response:
+        form = await form_of(request)
+        given = form.get("token", "")
+        name = clean_text(form.get("name", ""), MAX_NAME_CHARS)
+        if token is not None:
+            valid = hmac.compare_digest(given.strip().encode(), token.encode())
+        else:
+            valid = settings.allow_unauthenticated
+        if not valid:
+            log.warning("console: a sign-in with an invalid token was refused")
+            return login_screen(request, error="login_failed", status=401)
+        if not name:
+            return login_screen(request, error="name_needed", status=400)
+        _, cookie = console.sessions.issue(name, now=clock())
+        response = redirect(_safe_next(form.get("next")))
+        response.set_cookie(
+            SESSION_COOKIE,
+            cookie,
+            max_age=int(settings.session_ttl_s),
+            path=PREFIX,
+            httponly=True,
+            samesite="strict",
+            secure=secure_cookie(request, settings),
+        )
+        return response
+
+    @router.post("/logout")
+    async def logout(request: Request) -> Response:
+        console.actor(request, await form_of(request))
+        response = redirect(f"{PREFIX}/login")
+        response.delete_cookie(SESSION_COOKIE, path=PREFIX, httponly=True, samesite="strict")
+        return response
+
+    # -- the list ---------------------------------------------------------------------------------
+
+    @router.get("/incidents")
+    async def incidents(request: Request) -> Response:
+        viewer = console.viewer(request)
+        s = console.need_store()
+        q = request.query_params
+        filters: dict[str, str] = {}
+        for name in LIST_FILTERS:
+            value = (q.get(name) or "").strip()[:MAX_FILTER_CHARS]
+            if value:
+                filters[name] = value
+        if "status" in filters and filters["status"] not in {st.value for st in IncidentStatus}:
+            raise Refusal(400, "bad_filter", name="status")
+        since, until = _parse_time(q.get("since")), _parse_time(q.get("until"))
+        try:
+            page_no = min(max(int(q.get("page") or 1), 1), MAX_PAGE)
+        except ValueError:
+            page_no = 1
+
+        def query() -> tuple[int, list[Any], dict[str, list[str]], tuple[float, int]]:
+            total, rows = s.search(
+                filters=filters, since=since, until=until, offset=(page_no - 1) * PAGE_SIZE, limit=PAGE_SIZE
+            )
+            choices = {c: s.distinct(c) for c in ("fault_class", "chip")}
+            return total, rows, choices, s.last_change()
+
+        total, rows, choices, (updated, count) = await asyncio.to_thread(query)
+        pages = max(1, -(-total // PAGE_SIZE))
+        base = {k: v for k, v in q.items() if k != "page" and v}
+
+        def page_url(n: int) -> str:
+            return f"{PREFIX}/incidents?{urlencode({**base, 'page': n})}"
+
+        return page(
+            request,
+            "list.html.j2",
+            viewer=viewer,
+            csrf=console.sessions.csrf(viewer.session) if viewer.session else "",
+            rows=rows,
+            total=total,
+            page=page_no,
+            pages=pages,
+            newer=page_url(page_no - 1) if page_no > 1 else None,
+            older=page_url(page_no + 1) if page_no < pages else None,
+            filters={n: q.get(n) or "" for n in (*LIST_FILTERS, "since", "until")},
+            statuses=[st.value for st in IncidentStatus],
+            choices=choices,
+            live_url=f"{PREFIX}/changes",
+            live_since=updated,
+            live_count=count,
+        )
+
+    # -- one incident ----------------------------------------------------------------------------
+
+    def find(s: IncidentStore, incident_id: str) -> Incident:
+        incident = s.find(incident_id)
+        if incident is None:
+            raise Refusal(404, "not_found")
+        return incident
+
+    @router.get("/incidents/{incident_id}")
+    async def incident_page(request: Request, incident_id: str) -> Response:
+        viewer = console.viewer(request)
+        s = console.need_store()
+        lang = lang_of(request)
+
+        def load() -> dict[str, Any]:
+            incident = find(s, incident_id)
+            timeline = s.timeline(incident.id)
+            summary, hint = parts.summary(incident, lang)
+            scene_state, scene_files = parts.scene_files(incident.scene_dir)
+            plan = incident.plan if isinstance(incident.plan, Mapping) else {}
+            blocked = plan.get("blocked")
+            return {
+                "incident": incident,
+                "summary": summary,
+                "hint": hint,
+                "blocked": (blocked.get(lang) or blocked.get("en")) if isinstance(blocked, Mapping) else blocked,
+                "actions": parts.actions(incident),
+                "timeline": parts.timeline(timeline),
+                "evidence": parts.evidence(incident),
+                "scene_state": scene_state,
+                "scene_files": scene_files,
+                "quarantined": parts.quarantined_node(incident, timeline),
+            }
+
+        data = await asyncio.to_thread(load)
+        incident = data["incident"]
+        return page(
+            request,
+            "incident.html.j2",
+            viewer=viewer,
+            csrf=console.sessions.csrf(viewer.session) if viewer.session else "",
+            lang=lang,
+            done=request.query_params.get("done") if request.query_params.get("done") in _DONE else None,
+            can_release=console.release is not None,
+            report_url=f"{PREFIX}/incidents/{incident.id}/report?lang={lang}",
+            live_url=f"{PREFIX}/changes?{urlencode({'incident': incident.id})}",
+            live_since=incident.updated,
+            live_count=0,
+            **data,
+        )
+
+    @router.get("/incidents/{incident_id}/report")
+    async def report(request: Request, incident_id: str) -> Response:
+        console.viewer(request)
+        s = console.need_store()
+        lang = "zh" if request.query_params.get("lang") == "zh" else "en"
+        incident = await asyncio.to_thread(find, s, incident_id)
+        if console.render is None:
+            raise Refusal(503, "no_reports")
+        try:
+            html = await asyncio.to_thread(console.render, incident.id, "html", lang)
+        except Exception as e:  # a template or scene file that cannot be read: say so, keep serving
+            log.exception("console: report of incident %s (%s) failed", incident.id, lang)
+            raise Refusal(500, "report_failed") from e
+        return HTMLResponse(html, headers={**HEADERS, "Content-Security-Policy": REPORT_CSP})
+
+    @router.get("/changes")
+    async def changes(request: Request) -> Response:
+        console.viewer(request)
+        s = console.need_store()
+        incident_id = request.query_params.get("incident")
+        if incident_id:
+            incident = await asyncio.to_thread(s.find, incident_id)
+            if incident is None:
+                raise Refusal(404, "not_found")
+            body = {"updated": incident.updated, "count": 0, "status": incident.status.value}
+        else:
+            updated, count = await asyncio.to_thread(s.last_change)
+            body = {"updated": updated, "count": count}
+        return JSONResponse(body, headers=dict(HEADERS))
+
+    async def decide(request: Request, incident_id: str, approve: bool) -> Response:
+        form = await form_of(request)
+        actor = console.actor(request, form)
+        s = console.need_store()
+        by = clean_text(form.get("by") or actor.name, MAX_NAME_CHARS) or actor.name
+        comment = clean_text(form.get("comment", ""), 4000)
+
+        def run() -> Incident:
+            incident = find(s, incident_id)
+            try:
+                # The same call as POST /api/v1/incidents/{id}/approve and `trainmedic approve`.
+                return s.approve(incident.id, by=by, approve=approve, comment=comment)
+            except StoreError as e:
+                current = s.find(incident.id)
+                status = current.status.value if current is not None else incident.status.value
+                raise Refusal(409, "conflict", status=status) from e
+
+        incident = await asyncio.to_thread(run)
+        done = "approved" if approve else "rejected"
+        return redirect(f"{PREFIX}/incidents/{incident.id}?done={done}")
+
+    @router.post("/incidents/{incident_id}/approve")
+    async def approve(request: Request, incident_id: str) -> Response:
+        return await decide(request, incident_id, True)
+
+    @router.post("/incidents/{incident_id}/reject")
+    async def reject(request: Request, incident_id: str) -> Response:
+        return await decide(request, incident_id, False)
+
+    @router.post("/incidents/{incident_id}/release")
+    async def release_route(request: Request, incident_id: str) -> Response:
+        from remediations.kube import KubeError
+
+        form = await form_of(request)
+        actor = console.actor(request, form)
+        s = console.need_store()
+        incident = await asyncio.to_thread(find, s, incident_id)
+        timeline = await asyncio.to_thread(s.timeline, incident.id)
+        node = parts.quarantined_node(incident, timeline)
+        if node is None:
+            raise Refusal(409, "not_quarantined")
+        if console.release is None:
+            raise Refusal(503, "release_unavailable", node=node, id=incident.id)
+        try:
+            # The same call as `trainmedic release-node NODE --incident ID`.
+            released = await console.release(node, incident.id)
+        except KubeError as e:
+            hint = e.hint.get(lang_of(request)) if e.hint is not None else str(e)
+            raise Refusal(409, "release_failed", reason=clean_text(hint, 500)) from e
+        await asyncio.to_thread(
+            s.note, incident.id, "node_released", {"node": node, "by": actor.name, "changed": released}
+        )
+        return redirect(f"{PREFIX}/incidents/{incident.id}?done=released")
+
+    # -- signed approve links ---------------------------------------------------------------------
+
+    def checked_link(request: Request, link_token: str) -> Any:
+        if console.links is None:
+            raise Refusal(503, "link_unavailable")
+        try:
+            return console.links.check(link_token, now=clock())
+        except LinkProblem as e:
+            raise Refusal(410 if e.code == "expired" else 403, f"link_{e.code}") from e
+
+    @router.get("/link/{link_token}")
+    async def link_page(request: Request, link_token: str) -> Response:
+        link = checked_link(request, link_token)
+        s = console.need_store()
+        lang = lang_of(request)
+
+        def load() -> tuple[Incident, bool]:
+            return find(s, link.incident_id), s.link_used(link.nonce)
+
+        incident, used = await asyncio.to_thread(load)
+        if used:
+            raise Refusal(410, "link_used")
+        if incident.status is not IncidentStatus.AWAITING_APPROVAL:
+            raise Refusal(409, "link_not_pending", status=label(STATUS_TEXT, incident.status.value, lang))
+        summary, hint = parts.summary(incident, lang)
+        assert console.links is not None
+        session = console.session_of(request)
+        return page(
+            request,
+            "confirm.html.j2",
+            lang=lang,
+            incident=incident,
+            summary=summary,
+            hint=hint,
+            actions=parts.actions(incident),
+            link_csrf=console.links.csrf(link),
+            expires=link.expires,
+            name=session.name if session else "",
+        )
+
+    @router.post("/link/{link_token}")
+    async def link_confirm(request: Request, link_token: str) -> Response:
+        link = checked_link(request, link_token)
+        form = await form_of(request)
+        assert console.links is not None
+        if not console.links.csrf_ok(link, form.get("csrf")):
+            raise Refusal(403, "csrf")
+        s = console.need_store()
+        lang = lang_of(request)
+        name = clean_text(form.get("by", ""), MAX_NAME_CHARS)
+        if not name:
+            raise Refusal(400, "name_needed")
+
+        def run() -> Incident:
+            incident = find(s, link.incident_id)
+            if s.link_used(link.nonce):
+                raise Refusal(410, "link_used")
+            try:
+                return s.approve(
+                    incident.id,
+                    by=f"{name} (approve link)",
+                    approve=True,
+                    comment="approved through a signed link",
+                    link_nonce=link.nonce,
+                )
+            except LinkUsedError as e:
+                raise Refusal(410, "link_used") from e
+            except StoreError as e:
+                current = s.find(incident.id)
+                status = current.status.value if current is not None else incident.status.value
+                raise Refusal(409, "link_not_pending", status=label(STATUS_TEXT, status, lang)) from e
+
+        incident = await asyncio.to_thread(run)
+        return page(
+            request,
+            "message.html.j2",
+            title=LABELS[lang]["approval"],
+            message=LABELS[lang]["link_done"],
+            ok=True,
+            incident_url=f"{PREFIX}/incidents/{incident.id}",
+        )
+
+    app.include_router(router)
+    return console
+
+
+_DONE = frozenset({"approved", "rejected", "released"})
