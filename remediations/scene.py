@@ -69,6 +69,7 @@ from remediations.stacks import ExecResult, StackDump, StackSettings, dump_stack
 from trainmedic.errors import TrainmedicError
 from trainmedic.events import DiagnosisEvent
 from trainmedic.models import Finding, Source
+from udal.registry import env_prefixes, visible_devices_envs
 
 _hs: Any
 try:
@@ -165,16 +166,14 @@ ENV_ALLOW_NAMES = (
     "NODE_RANK",
     "GROUP_RANK",
     "NPROC_PER_NODE",
-    "CUDA_VISIBLE_DEVICES",
-    "ASCEND_VISIBLE_DEVICES",
-    "ASCEND_RT_VISIBLE_DEVICES",
-    "MLU_VISIBLE_DEVICES",
     "OMP_NUM_THREADS",
     "PYTHONUNBUFFERED",
     "TRAINMEDIC_RESUME_FROM",
     "TRAINMEDIC_RESUME_STEP",
 )
-ENV_ALLOW_PREFIXES = ("NCCL_", "HCCL_", "CNCL_", "TORCH_", "PYTORCH_")
+ENV_ALLOW_PREFIXES = ("TORCH_", "PYTORCH_")
+# Beside these, every chip plugin's visible-devices variables (CUDA_VISIBLE_DEVICES, ...) and
+# collective-library prefixes (NCCL_, HCCL_, CNCL_, ...) are kept (SceneSettings' defaults).
 # A name on the allowlist is still redacted when it looks like a credential (TORCH_HUB_TOKEN).
 _SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSW|CREDENTIAL|AUTH|(?:^|_)KEY(?:$|_)", re.IGNORECASE)
 DROPPED_ANNOTATIONS = ("kubectl.kubernetes.io/last-applied-configuration",)
@@ -209,8 +208,8 @@ class SceneSettings:
     stack_timeout_s: float = 20.0
     # fsync files and directories before the bundle is renamed into place (survives a power loss).
     durable: bool = True
-    env_allow_names: tuple[str, ...] = ENV_ALLOW_NAMES
-    env_allow_prefixes: tuple[str, ...] = ENV_ALLOW_PREFIXES
+    env_allow_names: tuple[str, ...] = field(default_factory=lambda: (*ENV_ALLOW_NAMES, *visible_devices_envs()))
+    env_allow_prefixes: tuple[str, ...] = field(default_factory=lambda: (*env_prefixes(), *ENV_ALLOW_PREFIXES))
 
     def limits(self) -> dict[str, object]:
         out = asdict(self)
