@@ -65,7 +65,7 @@ from types import TracebackType
 from typing import Any, Literal, Self
 
 import uvicorn
-from fastapi import Body, FastAPI, Query, Request, Security
+from fastapi import Body, Depends, FastAPI, Query, Request, Security
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPBearer
@@ -184,6 +184,37 @@ _STATUS_TEXT: dict[int, tuple[str, str, str]] = {
     500: ("internal", "internal error (logged by the agent)", "内部错误（已记录在代理日志中）"),
     503: ("unavailable", "not available in this agent, or not ready", "该代理不提供此功能或尚未就绪"),
 }
+
+
+def _known_query(request: Request) -> None:
+    """Refuse a query parameter the API route does not declare (a typo such as `?stauts=open` would
+    otherwise be ignored silently and answer with everything)."""
+    if not request.url.path.startswith(API_PREFIX):
+        return
+    route = request.scope.get("route")
+    dependant = getattr(route, "dependant", None)
+    if dependant is None:
+        return
+    # Declared parameters, and those a route reads itself and documents in its `openapi_extra`.
+    extra = getattr(route, "openapi_extra", None) or {}
+    known: set[str] = {p["name"] for p in extra.get("parameters", ()) if p.get("in") == "query" and "name" in p}
+    stack = [dependant]
+    while stack:
+        d = stack.pop()
+        known.update(p.alias for p in d.query_params)
+        stack.extend(d.dependencies)
+    unknown = sorted({k for k in request.query_params if k not in known})
+    if unknown:
+        raise ApiError(
+            422,
+            "invalid_request",
+            "the request does not match the API schema",
+            "请求不符合 API 定义",
+            detail=[
+                {"loc": ["query", k[:100]], "msg": "unknown query parameter", "type": "extra_forbidden"}
+                for k in unknown[:20]
+            ],
+        )
 
 
 def _not_found(incident_id: str) -> ApiError:
@@ -909,6 +940,7 @@ def create_app(
         version="1",
         description="Fault diagnosis and self-healing for AI training jobs: incidents, reports, approvals, "
         "log diagnosis and the Alertmanager receiver. State-changing calls need `Authorization: Bearer <token>`.",
+        dependencies=[Depends(_known_query)],
     )
     app.state.trainmedic = state
     bearer = HTTPBearer(auto_error=False, description="api.token (api.token_env / api.token_file)")
@@ -1123,6 +1155,15 @@ def create_app(
         responses=_responses(400, 401, 413, 415, 422, 503),
         dependencies=[Security(bearer)],
         openapi_extra={
+            "parameters": [
+                {
+                    "name": "lang",
+                    "in": "query",
+                    "required": False,
+                    "description": "Language of the summaries (also a form field or JSON key).",
+                    "schema": {"type": "string", "enum": ["en", "zh"]},
+                }
+            ],
             "requestBody": {
                 "required": True,
                 "content": {
@@ -1144,7 +1185,7 @@ def create_app(
                     },
                     "application/json": {"schema": json_schema},
                 },
-            }
+            },
         },
     )
     async def diagnose(request: Request) -> DiagnoseResult:
@@ -1218,6 +1259,13 @@ async def _read_logs(request: Request, settings: ApiSettings) -> tuple[list[tupl
     inflate_limit = settings.max_body_bytes * INFLATE_FACTOR
     blobs: list[tuple[str, bytes]] = []
     lang = request.query_params.get("lang", "en")
+    if lang not in ("en", "zh"):
+        raise ApiError(
+            400,
+            "bad_request",
+            f"lang must be en or zh, not {lang[:20]!r}",
+            f"lang 只能是 en 或 zh，而不是 {lang[:20]!r}",
+        )
     if ctype == "application/json":
         raw = await request.body()
         try:

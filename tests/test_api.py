@@ -274,6 +274,9 @@ async def test_incident_list_newest_first_and_filtered(engine: Engine, store: In
         ({"status": "on_fire"}, 422),
         ({"limit": 1000}, 200),
         ({"status": "resolved", "limit": 1}, 200),
+        # A misspelt filter is refused, not ignored (it would answer with every incident).
+        ({"stauts": "open"}, 422),
+        ({"status": "resolved", "x": "1"}, 422),
     ],
 )
 @pytest.mark.asyncio
@@ -283,6 +286,9 @@ async def test_incident_list_bounds(engine: Engine, store: IncidentStore, params
     assert r.status_code == status, r.text
     if status == 422:
         assert r.json()["code"] == "invalid_request" and r.json()["detail"]
+        unknown = sorted(set(params) - {"status", "limit"})
+        if unknown:
+            assert [d["loc"] for d in r.json()["detail"]] == [["query", k] for k in unknown]
 
 
 @pytest.mark.parametrize("ref", [AWAITING, AWAITING[:4], AWAITING[:9]])
