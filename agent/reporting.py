@@ -350,9 +350,24 @@ class _Bundle:
 # Pieces of the context
 
 
+def _stored_diagnosis(incident: Incident) -> Mapping[str, Any] | None:
+    """The diagnosis the store holds: under `diagnosis` where the responder wrote the whole diagnosis
+    event, or the document itself where a bare diagnosis (root cause and findings at the top) was
+    stored."""
+    doc = incident.diagnosis
+    if not isinstance(doc, Mapping):
+        return None
+    inner = doc.get("diagnosis")
+    if isinstance(inner, Mapping):
+        return inner
+    if "root_cause" in doc or "findings" in doc:
+        return doc
+    return None
+
+
 def _root_cause(incident: Incident, scene_findings: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    diag = incident.diagnosis.get("diagnosis") if isinstance(incident.diagnosis, Mapping) else None
-    rc = diag.get("root_cause") if isinstance(diag, Mapping) else None
+    diag = _stored_diagnosis(incident)
+    rc = diag.get("root_cause") if diag is not None else None
     if isinstance(rc, Mapping):
         summary = _text_pair(rc.get("summary")) or _i18n(str(rc.get("code")), str(rc.get("code")))
         return {
@@ -429,8 +444,8 @@ def _findings(incident: Incident, scene_findings: Mapping[str, Any] | None) -> t
     """The findings with their places: the scene's (line numbers in the bundle) when it has them."""
     if scene_findings is not None and isinstance(scene_findings.get("findings"), list):
         return [f for f in scene_findings["findings"] if isinstance(f, Mapping)], True
-    diag = incident.diagnosis.get("diagnosis") if isinstance(incident.diagnosis, Mapping) else None
-    raw = diag.get("findings") if isinstance(diag, Mapping) else None
+    diag = _stored_diagnosis(incident)
+    raw = diag.get("findings") if diag is not None else None
     return [f for f in raw or [] if isinstance(f, Mapping)], False
 
 
