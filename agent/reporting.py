@@ -31,6 +31,7 @@ from typing import Any
 from agent.store import Incident, IncidentStore
 from remediations.scene import MANIFEST, SceneError, load_scene
 from reports.report import FORMATS, LANGS, ReportError, i18n, labels, render_report
+from trainmedic.vendortext import elide, fill
 from udal import CatalogError, PluginError, get_plugin, lookup
 
 __all__ = [
@@ -370,6 +371,8 @@ def _root_cause(incident: Incident, scene_findings: Mapping[str, Any] | None) ->
     rc = diag.get("root_cause") if diag is not None else None
     if isinstance(rc, Mapping):
         summary = _text_pair(rc.get("summary")) or _i18n(str(rc.get("code")), str(rc.get("code")))
+        # Written before the catalog's placeholders were filled in: none shown raw.
+        summary = {lang: elide(text) for lang, text in summary.items()}
         return {
             "fault_class": _str(rc.get("fault_class")),
             "chip": _str(rc.get("chip")),
@@ -409,13 +412,16 @@ def _root_cause(incident: Incident, scene_findings: Mapping[str, Any] | None) ->
         "severity_label": None,
         "occurrences": 1,
         "rule_id": None,
-        "summary": _i18n(str(en.get("summary") or en.get("code")), str(zh.get("summary") or en.get("code"))),
+        "summary": _i18n(
+            elide(str(en.get("summary") or en.get("code"))), elide(str(zh.get("summary") or en.get("code")))
+        ),
         "hint": _text_pair({"en": en.get("hint"), "zh": zh.get("hint")}) if en.get("hint") else None,
     }
 
 
-def _vendor(rc: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    """What the chip vendor's catalog says about the root cause's code (udal), or None."""
+def _vendor(rc: Mapping[str, Any] | None, evidence: Mapping[str, Any]) -> dict[str, Any] | None:
+    """What the chip vendor's catalog says about the root cause's code (udal), or None. A verbatim
+    message template's placeholders ("Reason: %s") are filled from the root cause's log line."""
     if rc is None or not rc.get("chip") or not rc.get("code"):
         return None
     try:
@@ -425,17 +431,20 @@ def _vendor(rc: Mapping[str, Any] | None) -> dict[str, Any] | None:
         return None
     if entry is None:
         return None
+    line = next((str(e["text"]) for e in evidence["items"] if e["is_root"]), None)
     return {
         "code": entry.code,
         "mnemonic": entry.mnemonic,
-        "description": entry.description,
+        "description": fill(entry.description, line) or "-",
         "vendor_action": entry.vendor_action,
         "action": entry.action.value,
         "origin": entry.origin,
         "origin_label": i18n("origin", entry.origin),
-        "message": entry.message.model_dump(),
+        "message": {lang: elide(text) for lang, text in entry.message.model_dump().items()},
         "inferred": entry.inferred,
-        "note": entry.note,
+        "note": elide(entry.note) if entry.note else None,
+        "causes": [elide(c) for c in entry.causes],
+        "steps": [elide(c) for c in entry.steps],
         "source": source,
     }
 
@@ -954,7 +963,7 @@ def report_context(store: IncidentStore, incident_id: str, *, now: float | None 
         "scale": {"pods": len(pods), "nodes": len(node_names)} if bundle.ok else None,
         "fault_time": fault_time,
         "root_cause": rc,
-        "vendor": _vendor(rc),
+        "vendor": _vendor(rc, evidence),
         "where": _where(incident, rc, evidence, bundle),
         "timeline": _timeline(store, incident),
         "evidence": evidence,

@@ -184,21 +184,27 @@ def _one_line(value: object) -> str:
     return " ".join(text.splitlines()) if ("\n" in text or "\r" in text) else text
 
 
-def _md_rich(value: object) -> str:
-    """A text of ours with `code` spans (recommendations): code spans kept, the rest escaped."""
+def _rich_parts(value: object) -> list[tuple[bool, str]]:
+    """A text with `code` spans as (is_code, text) parts. A backtick without its closing one is
+    text (the parts are then no code), so an odd backtick in a log-derived text stays as it was."""
     parts = _one_line(value).split("`")
-    out = []
-    for i, part in enumerate(parts):
-        out.append(md_code(part) if i % 2 else md_text(part))
-    return "".join(out)
+    if len(parts) % 2 == 0:
+        parts[-2:] = [parts[-2] + "`" + parts[-1]]
+    return [(bool(i % 2), part) for i, part in enumerate(parts) if part or not i % 2]
+
+
+def _md_rich(value: object) -> str:
+    """A text with `code` spans (hints, advice, recommendations): code spans kept as code spans,
+    the rest escaped."""
+    return "".join(md_code(part) if code else md_text(part) for code, part in _rich_parts(value))
 
 
 def _html_rich(value: object) -> Markup:
-    parts = _one_line(value).split("`")
-    out = []
-    for i, part in enumerate(parts):
-        out.append(Markup("<code>{}</code>").format(part) if i % 2 else escape(part))
-    return Markup("").join(out)
+    """The same text in HTML: each code span as <code>, the rest escaped, never a literal backtick
+    for a span."""
+    return Markup("").join(
+        Markup("<code>{}</code>").format(part) if code else escape(part) for code, part in _rich_parts(value)
+    )
 
 
 # ------------------------------------------------------------------------------------------------
