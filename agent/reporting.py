@@ -48,6 +48,9 @@ MAX_EVIDENCE = 50
 CONTEXT_LINES = 3
 MAX_LINE_CHARS = 2000
 MAX_TIMELINE = 200
+# Stack files linked from a report (one per pod; a 64-pod job links them all).
+MAX_STACK_FILES = 256
+MAX_TOP_LINKS = 8
 MAX_CHART_NODES = 2
 MAX_METRICS_PER_NODE = 3
 MAX_CHART_SERIES = 16
@@ -241,6 +244,22 @@ class _Bundle:
         try:
             # A link planted in a bundle must not lead a report outside it.
             if not path.resolve().is_relative_to(self.dir.resolve()):
+                return None
+        except OSError:
+            return None
+        return path
+
+    def written_later(self, rel: Any) -> Path | None:
+        """A file an action wrote into the bundle after its manifest (the stacks taken right before
+        a restart): inside the bundle, a plain file, never a link out of it."""
+        if self.dir is None or not isinstance(rel, str) or not rel or rel.startswith("/"):
+            return None
+        parts = Path(rel).parts
+        if not parts or ".." in parts:
+            return None
+        path = self.dir / rel
+        try:
+            if path.is_symlink() or not path.is_file() or not path.resolve().is_relative_to(self.dir.resolve()):
                 return None
         except OSError:
             return None
@@ -529,10 +548,17 @@ def _where(
     if pod is None and rc is not None and rc.get("node"):
         on_node = [str(p.get("name")) for p in pods if p.get("node") == rc["node"]]
         pod = on_node[0] if len(on_node) == 1 else None
+    device, rank = (rc or {}).get("device"), (rc or {}).get("rank")
+    place_from = None
+    if rc is not None and (device is None or rank is None):
+        found_device, found_rank, place_from = _place_in_lines(evidence, rank)
+        device = device if device is not None else found_device
+        rank = rank if rank is not None else found_rank
     return {
         "node": (rc or {}).get("node") or incident.node,
-        "device": (rc or {}).get("device"),
-        "rank": (rc or {}).get("rank"),
+        "device": device,
+        "place_from": place_from,
+        "rank": rank,
         "pod": pod,
         "namespace": incident.namespace,
         "job": incident.job,
@@ -542,6 +568,34 @@ def _where(
         "chain": [str(p) for p in (rc or {}).get("chain") or []],
         "candidates": [str(p) for p in (rc or {}).get("candidates") or []],
     }
+
+
+# Where a runtime names the device (and rank) of the process it logs for: CANN's
+# "(PID:1292364, Device:0, RankID:8)", "device_id=3", "Device ID: 3", "deviceId 3".
+_DEVICE_IN_LINE = re.compile(r"\bDevice(?:[ _]?I[Dd])?\s*[:=]?\s*(\d{1,4})\b")
+_RANK_IN_LINE = re.compile(r"\bRank(?:[ _]?I[Dd])\s*[:=]?\s*(\d{1,6})\b")
+
+
+def _place_in_lines(evidence: Mapping[str, Any], rank: Any) -> tuple[str | None, int | None, str | None]:
+    """The device (and rank) the root cause's own lines name, nearest the root line first, and
+    where ("file:line"); a line that names another rank than the root cause's is not used."""
+    for item in evidence["items"]:
+        if not item["is_root"]:
+            continue
+        hit = item["line"]
+        lines = [(c["no"], c["text"]) for c in item["context"]] or [(hit, item["text"])]
+        lines.sort(key=lambda c: abs(c[0] - hit) if isinstance(hit, int) and isinstance(c[0], int) else 0)
+        for no, text in lines:
+            m = _DEVICE_IN_LINE.search(text)
+            if m is None:
+                continue
+            r = _RANK_IN_LINE.search(text)
+            if r is not None and isinstance(rank, int) and int(r.group(1)) != rank:
+                continue
+            where = f"{item['file'] or '-'}:{no if no is not None else '-'}"
+            return m.group(1), int(r.group(1)) if r is not None else None, where
+        return None, None, None
+    return None, None, None
 
 
 def _timeline_event(kind: str) -> dict[str, str]:
@@ -801,6 +855,45 @@ def _recommendations(
     return unique
 
 
+def _stacks(incident: Incident, bundle: _Bundle) -> list[dict[str, Any]]:
+    """The Python stacks saved for the incident, as links relative to the bundle (where the report
+    is written) with the full path: those the dump_stacks action took right before a restart first
+    (the state the job was in when it was killed), then those taken with the scene."""
+    out: list[dict[str, Any]] = []
+    seen: set[str] = set()
+
+    def add(rel: str, method: Any, when: str) -> None:
+        if rel in seen or bundle.dir is None:
+            return
+        seen.add(rel)
+        pod = Path(rel).stem
+        out.append(
+            {
+                "path": rel,
+                "full": str(bundle.dir / rel),
+                "pod": pod,
+                "method": _str(method),
+                "when": i18n("labels", when),
+            }
+        )
+
+    for a in incident.actions:
+        result = a.result or {}
+        if a.name != "dump_stacks" or a.state.value != "done" or not isinstance(result.get("files"), list):
+            continue
+        methods = result.get("methods") if isinstance(result.get("methods"), Mapping) else {}
+        for rel in result["files"]:
+            if bundle.written_later(rel) is not None:
+                add(str(rel), methods.get(Path(str(rel)).stem), "stacks_before_restart")
+    manifest_stacks = (bundle.manifest or {}).get("stacks")
+    per_pod = manifest_stacks if isinstance(manifest_stacks, Mapping) else {}
+    for rel in sorted(bundle.files):
+        if rel.startswith("stacks/") and rel.endswith(".txt") and bundle.path(rel) is not None:
+            dump = per_pod.get(Path(rel).stem)
+            add(rel, dump.get("method") if isinstance(dump, Mapping) else None, "stacks_with_scene")
+    return out[:MAX_STACK_FILES]
+
+
 # ------------------------------------------------------------------------------------------------
 # The top block: the outcome, what trainmedic did, what a person must still do
 
@@ -831,7 +924,7 @@ def _outcome(
     plan: Mapping[str, Any] | None,
     checkpoint: Mapping[str, Any],
     where: Mapping[str, Any],
-    bundle: _Bundle,
+    stacks: Sequence[Mapping[str, Any]],
 ) -> dict[str, Any]:
     """How the incident ended, in words a person reads first: the outcome, what trainmedic did (the
     node it quarantined, where the job resumed, from which checkpoint and step) and what a person
@@ -877,8 +970,8 @@ def _outcome(
 
     now: list[dict[str, Any]] = []
 
-    def add(key: str, command: str | None = None, **args: Any) -> None:
-        now.append({"text": _fmt("now", key, **args), "command": command})
+    def add(key: str, command: str | None = None, links: Sequence[Mapping[str, Any]] = (), **args: Any) -> None:
+        now.append({"text": _fmt("now", key, **args), "command": command, "links": [dict(x) for x in links]})
 
     if kind == "awaiting_approval":
         add("approve", f"trainmedic approve {incident.id}")
@@ -891,11 +984,15 @@ def _outcome(
     elif kind == "acting":
         add("acting", f"trainmedic incidents {incident.id}")
     fault_class = incident.fault_class or "unknown"
-    if fault_class in labels()["now"]:
-        if fault_class == "hang" and not any(f.startswith("stacks") for f in bundle.files):
-            add("unknown")
+    if fault_class == "hang":
+        if stacks:
+            # The state the job was in when it was killed first; the rest are under Saved stacks.
+            before = [st for st in stacks if st["when"] == i18n("labels", "stacks_before_restart")]
+            add("hang", links=(before or list(stacks))[:MAX_TOP_LINKS])
         else:
-            add(fault_class, node=node or "-")
+            add("hang_no_stacks")
+    elif fault_class in labels()["now"]:
+        add(fault_class, node=node or "-")
     if quarantined:
         add("release", f"trainmedic release-node {quarantined} --incident {incident.id}", node=quarantined)
     if kind == "healed" and incident.job:
@@ -929,6 +1026,11 @@ def report_context(store: IncidentStore, incident_id: str, *, now: float | None 
                 )
             )
     rc = _root_cause(incident, scene_findings)
+    stacks = _stacks(incident, bundle)
+    if rc is not None and rc.get("fault_class") == "hang" and stacks:
+        # The stacks are saved: the generic advice to go and take them would send the reader back
+        # to a job that has been restarted since.
+        rc["hint"] = i18n("recommend", "hang_stacks")
     findings, in_scene = _findings(incident, scene_findings)
     evidence = _evidence(findings, in_scene, rc, bundle)
     fault_time = _fault_time(incident, bundle, findings)
@@ -971,10 +1073,11 @@ def report_context(store: IncidentStore, incident_id: str, *, now: float | None 
         "actions": _actions(incident),
         "skipped": _skipped(plan),
         "checkpoint": _checkpoint(incident, bundle, fault_time, missing),
+        "stacks": stacks,
         "recommendations": _recommendations(incident, rc, plan, bundle),
         "missing": missing,
     }
-    ctx["outcome"] = _outcome(incident, rc, plan, ctx["checkpoint"], ctx["where"], bundle)
+    ctx["outcome"] = _outcome(incident, rc, plan, ctx["checkpoint"], ctx["where"], ctx["stacks"])
     return ctx
 
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 import re
 import time
+import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
 from functools import cache, lru_cache
 from pathlib import Path
@@ -60,6 +61,7 @@ __all__ = [
     "labels",
     "md_code",
     "md_fence",
+    "md_link",
     "md_text",
     "render_report",
     "template_name",
@@ -179,6 +181,12 @@ def md_fence(lines: Sequence[str]) -> str:
     return "`" * max(3, longest + 1)
 
 
+def md_link(value: object) -> str:
+    """A relative link target for Markdown's `<...>` form: no angle bracket, no line break, and
+    characters that would end it percent-encoded."""
+    return urllib.parse.quote(_one_line(value), safe="/._-~")
+
+
 def _one_line(value: object) -> str:
     text = "" if value is None else str(value)
     return " ".join(text.splitlines()) if ("\n" in text or "\r" in text) else text
@@ -269,6 +277,7 @@ _FILTERS: dict[str, Callable[..., Any]] = {
     "tr": _tr,
     "md": md_text,
     "md_code": md_code,
+    "md_link": md_link,
     "md_rich": _md_rich,
     "html_rich": _html_rich,
     "dt": _dt,

@@ -123,7 +123,8 @@ def test_the_advice_is_the_same_for_every_incident_of_a_class(tmp_path: Path, fa
 
 
 def _class_texts() -> set[str]:
-    return {labels()["now"][fc]["en"].replace("{node}", "gpu-2") for fc in FAULT_CLASSES}
+    keys = [*FAULT_CLASSES, "hang_no_stacks"]
+    return {labels()["now"][fc]["en"].replace("{node}", "gpu-2") for fc in keys}
 
 
 @pytest.mark.parametrize("lang", LANGS)
