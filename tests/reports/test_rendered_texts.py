@@ -226,3 +226,42 @@ def test_vendor_template_filled_from_the_line(template: str, line: str | None, e
 
 def test_elide_keeps_percent_signs_that_are_not_placeholders() -> None:
     assert elide("at 100% for %d s, %1$s") == "at 100% for … s, …"
+
+
+@pytest.mark.parametrize("fault_class", FAULT_CLASSES)
+def test_restart_advice_follows_the_shipped_policy(store: IncidentStore, fault_class: str) -> None:
+    """Whatever the root cause's normalized action, a report advises restarting the application
+    only where the shipped policy's plan restarts the job (an OOM it will not restart is not told
+    to restart), and a hint never sends the reader to look up the catalog entry shown beside it."""
+    from remediations.policy import PolicyContext, load_policy
+    from remediations.policy_state import MemoryPolicyState
+
+    policy = load_policy()
+    restarts = {"restart_from_checkpoint", "raise_memory_limit"}
+    problems: list[str] = []
+    for i, (rule_id, finding) in enumerate(_examples()[fault_class]):
+        d = correlate([finding])
+        rc = d.root_cause
+        assert rc is not None
+        ctx = PolicyContext(namespace="train", job_key="job:train/llama", node=rc.node or "gpu-2", now=1.0e9)
+        plan = policy.decide(f"p{i:05d}", rc, d.findings, ctx, MemoryPolicyState())
+        iid = f"p{i:05d}"
+        store.open_incident(
+            iid,
+            key="job:train/llama",
+            diagnosis=d.model_dump(mode="json"),
+            revision=1,
+            namespace="train",
+            job="llama",
+            fault_class=fault_class,
+        )
+        store.set_plan(iid, plan.as_dict(), plan.mode.value, [(a.name.value, dict(a.params)) for a in plan.actions])
+        report = report_context(store, iid)
+        recs = " ".join(r["en"] for r in report["recommendations"])
+        restarting = any(a.name.value in restarts for a in plan.actions)
+        if "`restart_app`" in recs and not restarting:
+            problems.append(f"{rule_id}: restart_app advised, the plan restarts nothing")
+        hint = (report["root_cause"] or {}).get("hint") or {}
+        if report["vendor"] is not None and re.search(r"(?i)\blook\b.{0,40}\bup\b.{0,60}\bcatalog", hint.get("en", "")):
+            problems.append(f"{rule_id}: the hint sends the reader to the catalog entry the report shows")
+    assert problems == []
