@@ -374,9 +374,7 @@ def _stored_diagnosis(incident: Incident) -> Mapping[str, Any] | None:
     """The diagnosis the store holds: under `diagnosis` where the responder wrote the whole diagnosis
     event, or the document itself where a bare diagnosis (root cause and findings at the top) was
     stored."""
-    doc = incident.diagnosis
-    if not isinstance(doc, Mapping):
-        return None
+    doc: Mapping[str, Any] = incident.diagnosis
     inner = doc.get("diagnosis")
     if isinstance(inner, Mapping):
         return inner
@@ -881,7 +879,8 @@ def _stacks(incident: Incident, bundle: _Bundle) -> list[dict[str, Any]]:
         result = a.result or {}
         if a.name != "dump_stacks" or a.state.value != "done" or not isinstance(result.get("files"), list):
             continue
-        methods = result.get("methods") if isinstance(result.get("methods"), Mapping) else {}
+        raw_methods = result.get("methods")
+        methods: Mapping[str, Any] = raw_methods if isinstance(raw_methods, Mapping) else {}
         for rel in result["files"]:
             if bundle.written_later(rel) is not None:
                 add(str(rel), methods.get(Path(str(rel)).stem), "stacks_before_restart")
@@ -960,6 +959,11 @@ def _outcome(
             did.append(_fmt("outcome", "did_memory"))
         else:
             did.append(_fmt("outcome", "did_scratch"))
+    stacks_taken = done.get("dump_stacks")
+    stack_files = (stacks_taken.result or {}).get("files") if stacks_taken is not None else None
+    if isinstance(stack_files, list):
+        # Before the restart line: the stacks are of the processes the restart then killed.
+        did.insert(len(did) - (1 if restart is not None else 0), _fmt("outcome", "did_stacks", n=len(stack_files)))
     if not did:
         did.append(_fmt("outcome", "did_nothing"))
 

@@ -255,6 +255,8 @@ def _dur(ctx: Context, value: object) -> str:
     if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
         return "-"
     zh = ctx.get("lang") == "zh"
+    if 0 <= value < 0.5:
+        return label("labels", "under_a_second", "zh" if zh else "en")
     s = max(0, round(float(value)))
     h, rem = divmod(s, 3600)
     m, sec = divmod(rem, 60)

@@ -98,6 +98,7 @@ def test_hang_report_links_the_saved_stacks(store: IncidentStore, tmp_path: Path
     ctx = report_context(store, "hang-1")
     assert [s["path"] for s in ctx["stacks"]] == ["stacks-before-restart/llama-0.txt", "stacks/llama-0.txt"]
     assert "py-spy" not in json.dumps(ctx["root_cause"]["hint"]) and "py-spy" not in json.dumps(ctx["outcome"])
+    assert ctx["outcome"]["did"][0][lang].startswith(labels()["outcome"]["did_stacks"][lang].split("{")[0])
     out = render_report(ctx, fmt="html", lang=lang)
     top = out[out.index('id="outcome"') : out.index('id="summary"')]
     assert '<a href="stacks-before-restart/llama-0.txt">' in top
