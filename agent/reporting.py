@@ -459,7 +459,8 @@ def _vendor(rc: Mapping[str, Any] | None, evidence: Mapping[str, Any]) -> dict[s
         "origin_label": i18n("origin", entry.origin),
         "message": {lang: elide(text) for lang, text in entry.message.model_dump().items()},
         "inferred": entry.inferred,
-        "note": elide(entry.note) if entry.note else None,
+        # The catalog's notes are our prose: their ASCII arrows read as arrows in Markdown too.
+        "note": elide(entry.note).replace(" -> ", " → ") if entry.note else None,
         "causes": [elide(c) for c in entry.causes],
         "steps": [elide(c) for c in entry.steps],
         "source": source,

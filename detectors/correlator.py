@@ -209,7 +209,7 @@ def _follow_waits(root: RootCause, findings: list[Finding], places: Places) -> N
         elif place != root.node:
             root.node, root.device = place, None
         root.chain_places = [_where_is(p, findings, places) for p in root.chain]
-        arrow = " -> ".join(root.chain)
+        arrow = " → ".join(root.chain)
         root.summary = I18nText(
             en=f"{root.summary.en} Wait chain: {arrow}; {place} waited on nobody.",
             zh=f"{root.summary.zh}等待链：{arrow}；{place} 未等待任何对端。",

@@ -97,6 +97,19 @@ def _md_problems(out: str, what: str) -> list[str]:
     return problems
 
 
+def _own_md_problems(texts: list[str], what: str) -> list[str]:
+    """Our own advice in Markdown: a command is a code span, so its `<pid>` reads as it is in the
+    Markdown source too, never as `&lt;pid&gt;` (outside text is entity-escaped on purpose)."""
+    from reports.report import _FILTERS
+
+    out = []
+    for text in texts:
+        md = re.sub(r"(`+)(?!`).*?(?<!`)\1(?!`)", "", str(_FILTERS["md_rich"](text)))
+        if "&lt;" in md or "&gt;" in md:
+            out.append(f"{what}: markup escaped in Markdown: {text[:120]}")
+    return out
+
+
 @cache
 def _examples() -> dict[str, list[tuple[str, Finding]]]:
     """fault class -> (rule id, finding) for every match example of every shipped rule."""
@@ -157,6 +170,9 @@ def test_rule_texts_and_advice_render_clean(store: IncidentStore, fault_class: s
         iid = f"r{i:05d}"
         _open(store, iid, d.model_dump(mode="json"), fault_class, advice if i == 0 else [])
         problems += _render(store, iid, lang, rule_id)
+        own = [str(getattr(d.root_cause.hint, lang))] if d.root_cause.hint else []
+        own += [a[lang] for a in advice] if i == 0 else []
+        problems += _own_md_problems(own, rule_id)
     assert problems == []
 
 
