@@ -370,21 +370,8 @@ class _Bundle:
 # Pieces of the context
 
 
-def _stored_diagnosis(incident: Incident) -> Mapping[str, Any] | None:
-    """The diagnosis the store holds: under `diagnosis` where the responder wrote the whole diagnosis
-    event, or the document itself where a bare diagnosis (root cause and findings at the top) was
-    stored."""
-    doc: Mapping[str, Any] = incident.diagnosis
-    inner = doc.get("diagnosis")
-    if isinstance(inner, Mapping):
-        return inner
-    if "root_cause" in doc or "findings" in doc:
-        return doc
-    return None
-
-
 def _root_cause(incident: Incident, scene_findings: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    diag = _stored_diagnosis(incident)
+    diag = incident.stored_diagnosis()
     rc = diag.get("root_cause") if diag is not None else None
     if isinstance(rc, Mapping):
         summary = _text_pair(rc.get("summary")) or _i18n(str(rc.get("code")), str(rc.get("code")))
@@ -471,7 +458,7 @@ def _findings(incident: Incident, scene_findings: Mapping[str, Any] | None) -> t
     """The findings with their places: the scene's (line numbers in the bundle) when it has them."""
     if scene_findings is not None and isinstance(scene_findings.get("findings"), list):
         return [f for f in scene_findings["findings"] if isinstance(f, Mapping)], True
-    diag = _stored_diagnosis(incident)
+    diag = incident.stored_diagnosis()
     raw = diag.get("findings") if diag is not None else None
     return [f for f in raw or [] if isinstance(f, Mapping)], False
 

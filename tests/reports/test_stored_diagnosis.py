@@ -107,3 +107,11 @@ async def test_api_report_shows_the_stored_diagnosis(store: IncidentStore, fmt: 
     assert words["no_root_cause"][lang] not in r.text
     assert words["evidence_none"][lang] not in r.text
     assert "fallen off the bus" in r.text
+
+
+def test_the_store_lists_the_summary_of_either_shape(store: IncidentStore) -> None:
+    total, rows = store.search()
+    assert total == 1 and rows[0].summary_en and "79" in rows[0].summary_en and rows[0].summary_zh
+    incident = store.get(IID)
+    stored = incident.stored_diagnosis()
+    assert stored is not None and stored["root_cause"]["code"] == "xid:79"
