@@ -31,6 +31,7 @@ from typing import Any
 from agent.store import Incident, IncidentStore
 from remediations.scene import MANIFEST, SceneError, load_scene
 from reports.report import FORMATS, LANGS, ReportError, i18n, labels, render_report
+from trainmedic.vendortext import elide, fill
 from udal import CatalogError, PluginError, get_plugin, lookup
 
 __all__ = [
@@ -47,6 +48,9 @@ MAX_EVIDENCE = 50
 CONTEXT_LINES = 3
 MAX_LINE_CHARS = 2000
 MAX_TIMELINE = 200
+# Stack files linked from a report (one per pod; a 64-pod job links them all).
+MAX_STACK_FILES = 256
+MAX_TOP_LINKS = 8
 MAX_CHART_NODES = 2
 MAX_METRICS_PER_NODE = 3
 MAX_CHART_SERIES = 16
@@ -245,6 +249,22 @@ class _Bundle:
             return None
         return path
 
+    def written_later(self, rel: Any) -> Path | None:
+        """A file an action wrote into the bundle after its manifest (the stacks taken right before
+        a restart): inside the bundle, a plain file, never a link out of it."""
+        if self.dir is None or not isinstance(rel, str) or not rel or rel.startswith("/"):
+            return None
+        parts = Path(rel).parts
+        if not parts or ".." in parts:
+            return None
+        path = self.dir / rel
+        try:
+            if path.is_symlink() or not path.is_file() or not path.resolve().is_relative_to(self.dir.resolve()):
+                return None
+        except OSError:
+            return None
+        return path
+
     def json(self, rel: str) -> Any:
         path = self.path(rel)
         if path is None:
@@ -351,10 +371,12 @@ class _Bundle:
 
 
 def _root_cause(incident: Incident, scene_findings: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    diag = incident.diagnosis.get("diagnosis") if isinstance(incident.diagnosis, Mapping) else None
-    rc = diag.get("root_cause") if isinstance(diag, Mapping) else None
+    diag = incident.stored_diagnosis()
+    rc = diag.get("root_cause") if diag is not None else None
     if isinstance(rc, Mapping):
         summary = _text_pair(rc.get("summary")) or _i18n(str(rc.get("code")), str(rc.get("code")))
+        # Written before the catalog's placeholders were filled in: none shown raw.
+        summary = {lang: elide(text) for lang, text in summary.items()}
         return {
             "fault_class": _str(rc.get("fault_class")),
             "chip": _str(rc.get("chip")),
@@ -394,13 +416,16 @@ def _root_cause(incident: Incident, scene_findings: Mapping[str, Any] | None) ->
         "severity_label": None,
         "occurrences": 1,
         "rule_id": None,
-        "summary": _i18n(str(en.get("summary") or en.get("code")), str(zh.get("summary") or en.get("code"))),
+        "summary": _i18n(
+            elide(str(en.get("summary") or en.get("code"))), elide(str(zh.get("summary") or en.get("code")))
+        ),
         "hint": _text_pair({"en": en.get("hint"), "zh": zh.get("hint")}) if en.get("hint") else None,
     }
 
 
-def _vendor(rc: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    """What the chip vendor's catalog says about the root cause's code (udal), or None."""
+def _vendor(rc: Mapping[str, Any] | None, evidence: Mapping[str, Any]) -> dict[str, Any] | None:
+    """What the chip vendor's catalog says about the root cause's code (udal), or None. A verbatim
+    message template's placeholders ("Reason: %s") are filled from the root cause's log line."""
     if rc is None or not rc.get("chip") or not rc.get("code"):
         return None
     try:
@@ -410,17 +435,21 @@ def _vendor(rc: Mapping[str, Any] | None) -> dict[str, Any] | None:
         return None
     if entry is None:
         return None
+    line = next((str(e["text"]) for e in evidence["items"] if e["is_root"]), None)
     return {
         "code": entry.code,
         "mnemonic": entry.mnemonic,
-        "description": entry.description,
+        "description": fill(entry.description, line) or "-",
         "vendor_action": entry.vendor_action,
         "action": entry.action.value,
         "origin": entry.origin,
         "origin_label": i18n("origin", entry.origin),
-        "message": entry.message.model_dump(),
+        "message": {lang: elide(text) for lang, text in entry.message.model_dump().items()},
         "inferred": entry.inferred,
-        "note": entry.note,
+        # The catalog's notes are our prose: their ASCII arrows read as arrows in Markdown too.
+        "note": elide(entry.note).replace(" -> ", " → ") if entry.note else None,
+        "causes": [elide(c) for c in entry.causes],
+        "steps": [elide(c) for c in entry.steps],
         "source": source,
     }
 
@@ -429,8 +458,8 @@ def _findings(incident: Incident, scene_findings: Mapping[str, Any] | None) -> t
     """The findings with their places: the scene's (line numbers in the bundle) when it has them."""
     if scene_findings is not None and isinstance(scene_findings.get("findings"), list):
         return [f for f in scene_findings["findings"] if isinstance(f, Mapping)], True
-    diag = incident.diagnosis.get("diagnosis") if isinstance(incident.diagnosis, Mapping) else None
-    raw = diag.get("findings") if isinstance(diag, Mapping) else None
+    diag = incident.stored_diagnosis()
+    raw = diag.get("findings") if diag is not None else None
     return [f for f in raw or [] if isinstance(f, Mapping)], False
 
 
@@ -505,10 +534,17 @@ def _where(
     if pod is None and rc is not None and rc.get("node"):
         on_node = [str(p.get("name")) for p in pods if p.get("node") == rc["node"]]
         pod = on_node[0] if len(on_node) == 1 else None
+    device, rank = (rc or {}).get("device"), (rc or {}).get("rank")
+    place_from = None
+    if rc is not None and (device is None or rank is None):
+        found_device, found_rank, place_from = _place_in_lines(evidence, rank)
+        device = device if device is not None else found_device
+        rank = rank if rank is not None else found_rank
     return {
         "node": (rc or {}).get("node") or incident.node,
-        "device": (rc or {}).get("device"),
-        "rank": (rc or {}).get("rank"),
+        "device": device,
+        "place_from": place_from,
+        "rank": rank,
         "pod": pod,
         "namespace": incident.namespace,
         "job": incident.job,
@@ -518,6 +554,34 @@ def _where(
         "chain": [str(p) for p in (rc or {}).get("chain") or []],
         "candidates": [str(p) for p in (rc or {}).get("candidates") or []],
     }
+
+
+# Where a runtime names the device (and rank) of the process it logs for: CANN's
+# "(PID:1292364, Device:0, RankID:8)", "device_id=3", "Device ID: 3", "deviceId 3".
+_DEVICE_IN_LINE = re.compile(r"\bDevice(?:[ _]?I[Dd])?\s*[:=]?\s*(\d{1,4})\b")
+_RANK_IN_LINE = re.compile(r"\bRank(?:[ _]?I[Dd])\s*[:=]?\s*(\d{1,6})\b")
+
+
+def _place_in_lines(evidence: Mapping[str, Any], rank: Any) -> tuple[str | None, int | None, str | None]:
+    """The device (and rank) the root cause's own lines name, nearest the root line first, and
+    where ("file:line"); a line that names another rank than the root cause's is not used."""
+    for item in evidence["items"]:
+        if not item["is_root"]:
+            continue
+        hit = item["line"]
+        lines = [(c["no"], c["text"]) for c in item["context"]] or [(hit, item["text"])]
+        lines.sort(key=lambda c: abs(c[0] - hit) if isinstance(hit, int) and isinstance(c[0], int) else 0)
+        for no, text in lines:
+            m = _DEVICE_IN_LINE.search(text)
+            if m is None:
+                continue
+            r = _RANK_IN_LINE.search(text)
+            if r is not None and isinstance(rank, int) and int(r.group(1)) != rank:
+                continue
+            where = f"{item['file'] or '-'}:{no if no is not None else '-'}"
+            return m.group(1), int(r.group(1)) if r is not None else None, where
+        return None, None, None
+    return None, None, None
 
 
 def _timeline_event(kind: str) -> dict[str, str]:
@@ -777,6 +841,46 @@ def _recommendations(
     return unique
 
 
+def _stacks(incident: Incident, bundle: _Bundle) -> list[dict[str, Any]]:
+    """The Python stacks saved for the incident, as links relative to the bundle (where the report
+    is written) with the full path: those the dump_stacks action took right before a restart first
+    (the state the job was in when it was killed), then those taken with the scene."""
+    out: list[dict[str, Any]] = []
+    seen: set[str] = set()
+
+    def add(rel: str, method: Any, when: str) -> None:
+        if rel in seen or bundle.dir is None:
+            return
+        seen.add(rel)
+        pod = Path(rel).stem
+        out.append(
+            {
+                "path": rel,
+                "full": str(bundle.dir / rel),
+                "pod": pod,
+                "method": _str(method),
+                "when": i18n("labels", when),
+            }
+        )
+
+    for a in incident.actions:
+        result = a.result or {}
+        if a.name != "dump_stacks" or a.state.value != "done" or not isinstance(result.get("files"), list):
+            continue
+        raw_methods = result.get("methods")
+        methods: Mapping[str, Any] = raw_methods if isinstance(raw_methods, Mapping) else {}
+        for rel in result["files"]:
+            if bundle.written_later(rel) is not None:
+                add(str(rel), methods.get(Path(str(rel)).stem), "stacks_before_restart")
+    manifest_stacks = (bundle.manifest or {}).get("stacks")
+    per_pod = manifest_stacks if isinstance(manifest_stacks, Mapping) else {}
+    for rel in sorted(bundle.files):
+        if rel.startswith("stacks/") and rel.endswith(".txt") and bundle.path(rel) is not None:
+            dump = per_pod.get(Path(rel).stem)
+            add(rel, dump.get("method") if isinstance(dump, Mapping) else None, "stacks_with_scene")
+    return out[:MAX_STACK_FILES]
+
+
 # ------------------------------------------------------------------------------------------------
 # The top block: the outcome, what trainmedic did, what a person must still do
 
@@ -807,7 +911,7 @@ def _outcome(
     plan: Mapping[str, Any] | None,
     checkpoint: Mapping[str, Any],
     where: Mapping[str, Any],
-    bundle: _Bundle,
+    stacks: Sequence[Mapping[str, Any]],
 ) -> dict[str, Any]:
     """How the incident ended, in words a person reads first: the outcome, what trainmedic did (the
     node it quarantined, where the job resumed, from which checkpoint and step) and what a person
@@ -843,6 +947,11 @@ def _outcome(
             did.append(_fmt("outcome", "did_memory"))
         else:
             did.append(_fmt("outcome", "did_scratch"))
+    stacks_taken = done.get("dump_stacks")
+    stack_files = (stacks_taken.result or {}).get("files") if stacks_taken is not None else None
+    if isinstance(stack_files, list):
+        # Before the restart line: the stacks are of the processes the restart then killed.
+        did.insert(len(did) - (1 if restart is not None else 0), _fmt("outcome", "did_stacks", n=len(stack_files)))
     if not did:
         did.append(_fmt("outcome", "did_nothing"))
 
@@ -853,8 +962,8 @@ def _outcome(
 
     now: list[dict[str, Any]] = []
 
-    def add(key: str, command: str | None = None, **args: Any) -> None:
-        now.append({"text": _fmt("now", key, **args), "command": command})
+    def add(key: str, command: str | None = None, links: Sequence[Mapping[str, Any]] = (), **args: Any) -> None:
+        now.append({"text": _fmt("now", key, **args), "command": command, "links": [dict(x) for x in links]})
 
     if kind == "awaiting_approval":
         add("approve", f"trainmedic approve {incident.id}")
@@ -867,11 +976,15 @@ def _outcome(
     elif kind == "acting":
         add("acting", f"trainmedic incidents {incident.id}")
     fault_class = incident.fault_class or "unknown"
-    if fault_class in labels()["now"]:
-        if fault_class == "hang" and not any(f.startswith("stacks") for f in bundle.files):
-            add("unknown")
+    if fault_class == "hang":
+        if stacks:
+            # The state the job was in when it was killed first; the rest are under Saved stacks.
+            before = [st for st in stacks if st["when"] == i18n("labels", "stacks_before_restart")]
+            add("hang", links=(before or list(stacks))[:MAX_TOP_LINKS])
         else:
-            add(fault_class, node=node or "-")
+            add("hang_no_stacks")
+    elif fault_class in labels()["now"]:
+        add(fault_class, node=node or "-")
     if quarantined:
         add("release", f"trainmedic release-node {quarantined} --incident {incident.id}", node=quarantined)
     if kind == "healed" and incident.job:
@@ -905,6 +1018,11 @@ def report_context(store: IncidentStore, incident_id: str, *, now: float | None 
                 )
             )
     rc = _root_cause(incident, scene_findings)
+    stacks = _stacks(incident, bundle)
+    if rc is not None and rc.get("fault_class") == "hang" and stacks:
+        # The stacks are saved: the generic advice to go and take them would send the reader back
+        # to a job that has been restarted since.
+        rc["hint"] = i18n("recommend", "hang_stacks")
     findings, in_scene = _findings(incident, scene_findings)
     evidence = _evidence(findings, in_scene, rc, bundle)
     fault_time = _fault_time(incident, bundle, findings)
@@ -939,7 +1057,7 @@ def report_context(store: IncidentStore, incident_id: str, *, now: float | None 
         "scale": {"pods": len(pods), "nodes": len(node_names)} if bundle.ok else None,
         "fault_time": fault_time,
         "root_cause": rc,
-        "vendor": _vendor(rc),
+        "vendor": _vendor(rc, evidence),
         "where": _where(incident, rc, evidence, bundle),
         "timeline": _timeline(store, incident),
         "evidence": evidence,
@@ -947,10 +1065,11 @@ def report_context(store: IncidentStore, incident_id: str, *, now: float | None 
         "actions": _actions(incident),
         "skipped": _skipped(plan),
         "checkpoint": _checkpoint(incident, bundle, fault_time, missing),
+        "stacks": stacks,
         "recommendations": _recommendations(incident, rc, plan, bundle),
         "missing": missing,
     }
-    ctx["outcome"] = _outcome(incident, rc, plan, ctx["checkpoint"], ctx["where"], bundle)
+    ctx["outcome"] = _outcome(incident, rc, plan, ctx["checkpoint"], ctx["where"], ctx["stacks"])
     return ctx
 
 

@@ -214,6 +214,16 @@ class Incident:
     actions: list[ActionRecord] = field(default_factory=list)
     approval: dict[str, Any] | None = None
 
+    def stored_diagnosis(self) -> dict[str, Any] | None:
+        """The diagnosis itself (root cause, findings): under `diagnosis` where the responder stored
+        the whole diagnosis event, the document itself where a bare diagnosis was stored."""
+        inner = self.diagnosis.get("diagnosis")
+        if isinstance(inner, dict):
+            return inner
+        if "root_cause" in self.diagnosis or "findings" in self.diagnosis:
+            return self.diagnosis
+        return None
+
     def as_dict(self) -> dict[str, Any]:
         return {
             "id": self.id,
@@ -607,8 +617,12 @@ class IncidentStore:
             total = int(self._db.execute(f"SELECT COUNT(*) FROM incidents{clause}", values).fetchone()[0])
             rows = self._db.execute(
                 "SELECT id, status, created, updated, namespace, job, node, fault_class, code, chip, mode, "
-                "json_extract(diagnosis, '$.root_cause.summary.en'), "
-                "json_extract(diagnosis, '$.root_cause.summary.zh') "
+                # The responder stores the diagnosis event (the diagnosis under `diagnosis`);
+                # a bare diagnosis has its root cause at the top (Incident.stored_diagnosis).
+                "COALESCE(json_extract(diagnosis, '$.diagnosis.root_cause.summary.en'), "
+                "json_extract(diagnosis, '$.root_cause.summary.en')), "
+                "COALESCE(json_extract(diagnosis, '$.diagnosis.root_cause.summary.zh'), "
+                "json_extract(diagnosis, '$.root_cause.summary.zh')) "
                 f"FROM incidents{clause} ORDER BY created DESC, id LIMIT ? OFFSET ?",
                 (*values, limit, offset),
             ).fetchall()

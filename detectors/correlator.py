@@ -36,6 +36,7 @@ from trainmedic.models import (
     Place,
     RootCause,
 )
+from trainmedic.vendortext import fill
 
 CLASS_WEIGHT: dict[FaultClass, int] = {
     FaultClass.DEVICE_ERROR: 90,
@@ -209,7 +210,7 @@ def _follow_waits(root: RootCause, findings: list[Finding], places: Places) -> N
         elif place != root.node:
             root.node, root.device = place, None
         root.chain_places = [_where_is(p, findings, places) for p in root.chain]
-        arrow = " -> ".join(root.chain)
+        arrow = " → ".join(root.chain)
         root.summary = I18nText(
             en=f"{root.summary.en} Wait chain: {arrow}; {place} waited on nobody.",
             zh=f"{root.summary.zh}等待链：{arrow}；{place} 未等待任何对端。",
@@ -338,7 +339,9 @@ def _root_cause(root: Finding, entry: udal.CatalogEntry | None, findings: list[F
     if entry is not None:
         # What the vendor says it means: its own words in English, our rendering in Chinese.
         label = f"{root.code} {entry.mnemonic}" if entry.mnemonic else root.code
-        en += f" Vendor: {label}: {entry.description.rstrip('.')}."
+        # The vendor's own words, its placeholders ("Reason: %s") filled from the line it was found in.
+        said = fill(entry.description, root.text).strip().rstrip(".")
+        en += f" Vendor: {label}: {said}." if said else f" Vendor: {label}."
         zh += f"厂商说明（{label}）：{entry.message.zh}"
     summary = I18nText(en=en, zh=zh)
     return RootCause(

@@ -139,6 +139,7 @@ from detectors.hang_state import (
     _split_job_key,
     _Stream,
     _stream_key,
+    seconds_text,
 )
 from trainmedic.models import Chip, FaultClass, Finding, I18nText, Severity, Source
 
@@ -917,20 +918,20 @@ class HangDetector:
 
 _HINT = I18nText(
     en=(
-        "Dump the Python stacks of the stalled ranks (py-spy dump --pid <pid>) to see where they wait; "
+        "Dump the Python stacks of the stalled ranks (`py-spy dump --pid <pid>`) to see where they wait; "
         "check the collective-communication library (NCCL/HCCL) for a rank that left or a broken link, "
         "storage for a blocked checkpoint write, and the data loader. Restart from the last checkpoint "
         "if it does not recover."
     ),
     zh=(
-        "用 py-spy dump --pid <pid> 抓取卡住 rank 的 Python 调用栈，确认卡在何处；检查集合通信（NCCL/HCCL）"
+        "用 `py-spy dump --pid <pid>` 抓取卡住 rank 的 Python 调用栈，确认卡在何处；检查集合通信（NCCL/HCCL）"
         "是否有 rank 退出或链路故障、存储是否阻塞了检查点写入、数据加载是否停滞。若无法恢复，从最近的检查点重启。"
     ),
 )
 
 
 def _message(scope: str, who: str, silence: float, bound: float, interval: float | None, phase: str | None) -> I18nText:
-    s, b = f"{silence:.0f}", f"{bound:.0f}"
+    s, b = seconds_text(silence), seconds_text(bound)
     if scope == "startup":
         return I18nText(
             en=f"No log output for {s} s and no training step yet: the job looks hung at start-up",
@@ -941,8 +942,10 @@ def _message(scope: str, who: str, silence: float, bound: float, interval: float
             en=f"No log output for {s} s after training finished: the job looks stuck in its final save or shutdown",
             zh=f"训练结束后已 {s} 秒无日志输出，疑似卡在最终保存或退出阶段",
         )
-    pace_en = f" (expected a step every {interval:.0f} s)" if interval is not None else ""
-    pace_zh = f"（正常每 {interval:.0f} 秒一步）" if interval is not None else ""
+    # A pace under 10 ms is a burst of log lines, not a step rate: not worth saying.
+    pace = seconds_text(interval) if interval is not None and interval >= 0.01 else None
+    pace_en = f" (expected a step every {pace} s)" if pace else ""
+    pace_zh = f"（正常每 {pace} 秒一步）" if pace else ""
     if scope == "rank":
         return I18nText(
             en=f"{who.capitalize()} has made no progress for {s} s while other ranks continue{pace_en}: "

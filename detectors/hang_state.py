@@ -314,3 +314,13 @@ def _fold_progress(
     job.evidence = line
     stream.reports += 1
     return True
+
+
+def seconds_text(value: float) -> str:
+    """A duration in seconds for a message: whole seconds from 10 s, one decimal from 1 s, two
+    significant digits below ("0.25"), so a fast step never reads "a step every 0 s"."""
+    if value >= 10:
+        return f"{value:.0f}"
+    if value >= 1:
+        return f"{value:.1f}".removesuffix(".0")
+    return f"{value:.2g}"

@@ -29,6 +29,7 @@ from itertools import islice
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
+from detectors.hang_state import seconds_text
 from trainmedic.models import Finding, I18nText
 
 if TYPE_CHECKING:
@@ -122,7 +123,7 @@ def silence_findings(lines: Iterable[str], *, file: str, settings: HangSettings 
     for f in det.check(end):
         if f.groups.get("scope") != "job" or "interval_s" not in f.groups:
             continue  # only a silence after steps of a known cadence
-        silence, interval = f.groups["silence_s"], f.groups["interval_s"]
+        silence, interval = f.groups["silence_s"], seconds_text(float(f.groups["interval_s"]))
         message = I18nText(
             en=f"The log's own timestamps show no training progress for {silence} s before it ends "
             f"(a step every {interval} s before that, last step {f.groups.get('last_step') or 'unknown'}): "

@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 import re
 import time
+import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
 from functools import cache, lru_cache
 from pathlib import Path
@@ -60,6 +61,7 @@ __all__ = [
     "labels",
     "md_code",
     "md_fence",
+    "md_link",
     "md_text",
     "render_report",
     "template_name",
@@ -179,26 +181,38 @@ def md_fence(lines: Sequence[str]) -> str:
     return "`" * max(3, longest + 1)
 
 
+def md_link(value: object) -> str:
+    """A relative link target for Markdown's `<...>` form: no angle bracket, no line break, and
+    characters that would end it percent-encoded."""
+    return urllib.parse.quote(_one_line(value), safe="/._-~")
+
+
 def _one_line(value: object) -> str:
     text = "" if value is None else str(value)
     return " ".join(text.splitlines()) if ("\n" in text or "\r" in text) else text
 
 
-def _md_rich(value: object) -> str:
-    """A text of ours with `code` spans (recommendations): code spans kept, the rest escaped."""
+def _rich_parts(value: object) -> list[tuple[bool, str]]:
+    """A text with `code` spans as (is_code, text) parts. A backtick without its closing one is
+    text (the parts are then no code), so an odd backtick in a log-derived text stays as it was."""
     parts = _one_line(value).split("`")
-    out = []
-    for i, part in enumerate(parts):
-        out.append(md_code(part) if i % 2 else md_text(part))
-    return "".join(out)
+    if len(parts) % 2 == 0:
+        parts[-2:] = [parts[-2] + "`" + parts[-1]]
+    return [(bool(i % 2), part) for i, part in enumerate(parts) if part or not i % 2]
+
+
+def _md_rich(value: object) -> str:
+    """A text with `code` spans (hints, advice, recommendations): code spans kept as code spans,
+    the rest escaped."""
+    return "".join(md_code(part) if code else md_text(part) for code, part in _rich_parts(value))
 
 
 def _html_rich(value: object) -> Markup:
-    parts = _one_line(value).split("`")
-    out = []
-    for i, part in enumerate(parts):
-        out.append(Markup("<code>{}</code>").format(part) if i % 2 else escape(part))
-    return Markup("").join(out)
+    """The same text in HTML: each code span as <code>, the rest escaped, never a literal backtick
+    for a span."""
+    return Markup("").join(
+        Markup("<code>{}</code>").format(part) if code else escape(part) for code, part in _rich_parts(value)
+    )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -241,6 +255,8 @@ def _dur(ctx: Context, value: object) -> str:
     if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
         return "-"
     zh = ctx.get("lang") == "zh"
+    if 0 <= value < 0.5:
+        return label("labels", "under_a_second", "zh" if zh else "en")
     s = max(0, round(float(value)))
     h, rem = divmod(s, 3600)
     m, sec = divmod(rem, 60)
@@ -263,6 +279,7 @@ _FILTERS: dict[str, Callable[..., Any]] = {
     "tr": _tr,
     "md": md_text,
     "md_code": md_code,
+    "md_link": md_link,
     "md_rich": _md_rich,
     "html_rich": _html_rich,
     "dt": _dt,

@@ -425,6 +425,7 @@ def test_context_is_json_and_complete(ctx: dict[str, Any]) -> None:
     assert ctx["where"] == {
         "node": "gpu-b",
         "device": "0000:3b:00",
+        "place_from": None,
         "rank": 1,
         "pod": "llama-worker-1",
         "namespace": "train",

@@ -57,7 +57,7 @@ def test_the_root_is_the_rank_waited_on(
     assert rc.node == f"worker-{root}"  # the root's own node, not the reporter's
     assert rc.chain == chain
     assert rc.candidates == []
-    assert " -> ".join(chain) in rc.summary.en
+    assert " → ".join(chain) in rc.summary.en
 
 
 @pytest.mark.parametrize(

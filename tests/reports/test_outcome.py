@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
+from jinja2.runtime import Context
 
 from agent.reporting import report_context
 from agent.store import ActionState, IncidentStatus, IncidentStore
@@ -123,7 +124,8 @@ def test_the_advice_is_the_same_for_every_incident_of_a_class(tmp_path: Path, fa
 
 
 def _class_texts() -> set[str]:
-    return {labels()["now"][fc]["en"].replace("{node}", "gpu-2") for fc in FAULT_CLASSES}
+    keys = [*FAULT_CLASSES, "hang_no_stacks"]
+    return {labels()["now"][fc]["en"].replace("{node}", "gpu-2") for fc in keys}
 
 
 @pytest.mark.parametrize("lang", LANGS)
@@ -179,3 +181,35 @@ def test_restart_advice_only_where_the_plan_restarts(tmp_path: Path, restart: bo
     store.set_status("inc-0001", IncidentStatus.RESOLVED)
     recs = report_context(store, "inc-0001")["recommendations"]
     assert any("restart_app" in r["en"] for r in recs) is shown
+
+
+@pytest.mark.parametrize("lang", LANGS)
+@pytest.mark.parametrize("fmt", ["md", "html"])
+def test_a_job_left_down_is_not_called_resolved(tmp_path: Path, fmt: str, lang: str) -> None:
+    """An incident closed without a restart (an OOM the policy will not restart) reads as what it
+    is in the summary's status, not as "resolved" beside a dead job."""
+    store = _incident(tmp_path, status=IncidentStatus.RESOLVED, actions=dict([QUARANTINE_DONE]))
+    ctx = report_context(store, "inc-0001")
+    out = render_report(ctx, fmt=fmt, lang=lang)
+    summary = out[out.index(labels()["labels"]["summary"][lang], out.index(labels()["labels"]["what_now"][lang])) :]
+    status_row = next(line for line in summary.splitlines() if labels()["labels"]["status"][lang] in line)
+    assert labels()["outcome"]["not_restarted"][lang] in status_row
+    # The status code itself stays (for a search), its "resolved" wording does not.
+    words = re.sub(r"<code>resolved</code>|`resolved`", "", status_row)
+    assert labels()["status"]["resolved"][lang] not in words
+
+
+@pytest.mark.parametrize(
+    ("seconds", "en", "zh"),
+    [
+        (0.0, "under 1 s", "不到 1 秒"),
+        (0.4, "under 1 s", "不到 1 秒"),
+        (0.6, "1 s", "1 秒"),
+        (75, "1 min 15 s", "1 分 15 秒"),
+    ],
+)
+def test_durations_read_as_durations(seconds: float, en: str, zh: str) -> None:
+    from reports.report import _dur
+
+    # The filter reads the language from the template's context; a mapping stands in for it.
+    assert _dur(cast(Context, {"lang": "en"}), seconds) == en and _dur(cast(Context, {"lang": "zh"}), seconds) == zh
