@@ -63,6 +63,7 @@ from kubernetes.client.exceptions import ApiException
 from remediations.stacks import ExecResult, exec_in_pod
 from trainmedic.errors import PermanentError, TemporaryError, TrainmedicError
 from trainmedic.models import FaultClass, I18nText
+from trainmedic.timefmt import rfc3339
 
 __all__ = [
     "ANN_INCIDENT",
@@ -397,11 +398,6 @@ def _meta(obj: Mapping[str, Any]) -> dict[str, Any]:
 
 def _str_map(v: Any) -> dict[str, str]:
     return {str(k): str(x) for k, x in _map(v).items() if x is not None}
-
-
-def rfc3339(t: float | None = None) -> str:
-    """A metav1.Time: seconds precision, UTC."""
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() if t is None else t))
 
 
 def fault_reason(fault_class: str) -> str:

@@ -36,7 +36,6 @@ import re
 import time
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
 from enum import StrEnum
 from pathlib import Path
@@ -58,6 +57,7 @@ from remediations.policy_state import PolicyState
 from trainmedic.datafile import format_error, node_line, parse_yaml
 from trainmedic.errors import Problem, TrainmedicError
 from trainmedic.models import SEVERITY_RANK, Action, Chip, FaultClass, Finding, I18nText, RootCause, Severity
+from trainmedic.timefmt import rfc3339
 
 POLICY_FILE = Path(__file__).with_name("policy.yaml")
 MAX_POLICY_FILE_BYTES = 1024 * 1024
@@ -654,7 +654,7 @@ def _incident_key(incident_id: str) -> str:
 
 def _iso(t: float) -> str:
     try:
-        return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        return rfc3339(t)
     except (OverflowError, OSError, ValueError):
         return f"t={t:.0f}"
 

@@ -69,6 +69,7 @@ from remediations.stacks import ExecResult, StackDump, StackSettings, dump_stack
 from trainmedic.errors import TrainmedicError
 from trainmedic.events import DiagnosisEvent
 from trainmedic.models import Finding, Source
+from trainmedic.timefmt import rfc3339
 
 _hs: Any
 try:
@@ -966,10 +967,6 @@ def _fault_time(d: DiagnosisEvent, now: float) -> float:
     return d.window_start if d.window_start and math.isfinite(d.window_start) else now
 
 
-def _rfc3339(t: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
-
-
 def _needle(finding: Finding, redactor: _Redactor) -> bytes:
     """The part of a finding's text to look for in the saved files (its first line, without the
     ellipses of a clipped text, redacted as the files are)."""
@@ -1140,8 +1137,8 @@ async def _build(writer: _Writer, inputs: SceneInputs, source: SceneSource, sett
     return {
         "schema_version": SCHEMA_VERSION,
         "incident_id": inputs.incident_id,
-        "created": _rfc3339(inputs.now),
-        "fault_time": _rfc3339(fault),
+        "created": rfc3339(inputs.now),
+        "fault_time": rfc3339(fault),
         "job": job,
         "diagnosis_id": d.diagnosis_id,
         "root_cause": rc.contract_dict("en") if rc else None,

@@ -51,6 +51,7 @@ from typing import Any, Protocol
 
 from trainmedic.errors import PermanentError
 from trainmedic.models import I18nText
+from trainmedic.timefmt import rfc3339
 
 __all__ = [
     "ANN_CHECKPOINT_DIR",
@@ -718,7 +719,7 @@ def build_recreation(
     entry: dict[str, Any] = {
         "uid": meta.get("uid"),
         "incident": incident_id,
-        "time": _rfc3339(t),
+        "time": rfc3339(t),
         "checkpoint": None if checkpoint is None else checkpoint.path,
         "step": None if checkpoint is None else checkpoint.step,
         "excluded_nodes": new_nodes,
@@ -1006,7 +1007,3 @@ def _int_or_none(raw: str | None) -> int | None:
     if raw is None or not re.fullmatch(r"[0-9]{1,18}", raw.strip()):
         return None
     return int(raw.strip())
-
-
-def _rfc3339(t: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))

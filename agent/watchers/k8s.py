@@ -52,7 +52,6 @@ from __future__ import annotations
 
 import abc
 import asyncio
-import calendar
 import concurrent.futures
 import contextlib
 import http.client
@@ -90,6 +89,7 @@ from trainmedic.events import (
     make_event,
 )
 from trainmedic.models import Source
+from trainmedic.timefmt import parse_rfc3339_ns
 from udal.registry import detect_chip, load_plugins
 
 if TYPE_CHECKING:
@@ -223,31 +223,6 @@ def _str_map(v: Any, *, limit: int = 256, value_max: int = 1024) -> dict[str, st
         if isinstance(k, str) and isinstance(val, str | int | float | bool):
             out[k] = str(val)[:value_max]
     return out
-
-
-_RFC3339 = re.compile(r"^(\d{4})-(\d{2})-(\d{2})[Tt ](\d{2}):(\d{2}):(\d{2})(?:\.(\d+))?(Z|z|[+-]\d{2}:?\d{2})$")
-
-
-def parse_rfc3339_ns(text: str) -> int | None:
-    """Nanoseconds since the epoch of an RFC 3339 / RFC3339Nano time (kubelet log stamps, object times)."""
-    m = _RFC3339.match(text)
-    if m is None:
-        return None
-    year, month, day, hh, mm, ss = (int(g) for g in m.group(1, 2, 3, 4, 5, 6))
-    try:
-        secs = calendar.timegm((year, month, day, hh, mm, ss, 0, 0, 0))
-    except (ValueError, OverflowError):
-        return None
-    if not (1 <= month <= 12 and 1 <= day <= 31 and hh < 24 and mm < 60 and ss <= 60):
-        return None
-    frac = m.group(7) or ""
-    nanos = int((frac + "000000000")[:9])
-    zone = m.group(8)
-    if zone not in ("Z", "z"):
-        sign = 1 if zone[0] == "+" else -1
-        digits = zone[1:].replace(":", "")
-        secs -= sign * (int(digits[:2]) * 3600 + int(digits[2:]) * 60)
-    return secs * 1_000_000_000 + nanos
 
 
 def _time_s(v: Any) -> float | None:

@@ -56,10 +56,10 @@ from agent.watchers.k8s import (
     classify,
     guarded,
     object_key,
-    parse_rfc3339_ns,
     watch_client,
 )
 from trainmedic.events import LogBatch, Topic
+from trainmedic.timefmt import parse_rfc3339_ns
 
 log = logging.getLogger("trainmedic.watchers.podlogs")
 
