@@ -42,11 +42,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
-import email.utils
 import http.client
 import json
 import logging
-import math
 import random
 import re
 import time
@@ -61,6 +59,7 @@ from kubernetes import client as kclient
 from kubernetes.client.exceptions import ApiException
 
 from remediations.stacks import ExecResult, exec_in_pod
+from trainmedic.backoff import parse_retry_after
 from trainmedic.errors import PermanentError, TemporaryError, TrainmedicError
 from trainmedic.models import FaultClass, I18nText
 from trainmedic.timefmt import rfc3339
@@ -302,20 +301,7 @@ def retry_after(headers: Any, cap: float) -> float | None:
     raw = None
     with contextlib.suppress(Exception):
         raw = headers.get("Retry-After") if headers is not None else None
-    if raw is None:
-        return None
-    text = str(raw).strip()
-    try:
-        seconds = float(text)
-    except ValueError:
-        pass
-    else:
-        return min(max(seconds, 0.0), cap) if math.isfinite(seconds) else None
-    try:
-        when = email.utils.parsedate_to_datetime(text)
-    except (TypeError, ValueError, IndexError):
-        return None
-    return min(max(when.timestamp() - time.time(), 0.0), cap)
+    return parse_retry_after(raw, now=time.time(), cap=cap)
 
 
 def api_message(exc: ApiException, limit: int = 500) -> str:
