@@ -36,7 +36,6 @@ import re
 import time
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from decimal import Decimal, InvalidOperation
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -54,6 +53,7 @@ from pydantic import (
 
 from remediations.hints import HintBook, HintError, default_hints, hints_for, load_hints
 from remediations.policy_state import PolicyState
+from trainmedic import quantity as shared_quantity
 from trainmedic.datafile import format_error, node_line, parse_yaml
 from trainmedic.errors import Problem, TrainmedicError
 from trainmedic.models import SEVERITY_RANK, Action, Chip, FaultClass, Finding, I18nText, RootCause, Severity
@@ -142,39 +142,18 @@ def _duration(value: object) -> float:
 
 Duration = Annotated[float, BeforeValidator(_duration)]
 
-_QUANTITY_RE = re.compile(r"^(?P<num>\d+(?:\.\d*)?|\.\d+)(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E|[eE]\d+)?$")
-_QUANTITY_SUFFIX = {
-    "": 1,
-    "Ki": 1024,
-    "Mi": 1024**2,
-    "Gi": 1024**3,
-    "Ti": 1024**4,
-    "Pi": 1024**5,
-    "Ei": 1024**6,
-    "k": 1000,
-    "M": 1000**2,
-    "G": 1000**3,
-    "T": 1000**4,
-    "P": 1000**5,
-    "E": 1000**6,
-}
-
 
 def parse_quantity(value: object) -> int:
-    """Bytes in a Kubernetes memory quantity ("512Gi", "1.5G", "129e6", "1024"), rounded up."""
+    """Bytes in a Kubernetes memory quantity ("512Gi", "1.5G", "129e6", "1024"), rounded up: read by
+    trainmedic.quantity, without a sign, a sub-unit suffix (n u m) or a negative exponent."""
     text = str(value).strip() if isinstance(value, (str, int)) and not isinstance(value, bool) else None
-    m = _QUANTITY_RE.match(text) if text is not None else None
-    if text is None or m is None:
-        raise ValueError(f"bad memory size {value!r}: use a Kubernetes quantity such as 512Gi, 64G or 1.5Ti")
-    suffix = m.group("suffix") or ""
+    bad = f"bad memory size {value!r}: use a Kubernetes quantity such as 512Gi, 64G or 1.5Ti"
+    if text is None or text.startswith(("+", "-")) or text.endswith(("n", "u", "m")) or re.search("[eE][+-]", text):
+        raise ValueError(bad)
     try:
-        number = Decimal(m.group("num"))
-        if suffix[:1] in ("e", "E") and len(suffix) > 1:
-            amount = number * (Decimal(10) ** int(suffix[1:]))
-        else:
-            amount = number * _QUANTITY_SUFFIX[suffix]
-    except (InvalidOperation, ValueError) as exc:
-        raise ValueError(f"bad memory size {value!r}: {exc}") from None
+        amount = shared_quantity.parse_quantity(text)
+    except shared_quantity.BadQuantity as exc:
+        raise ValueError(f"memory size {value!r} is too large" if exc.reason == "exponent" else bad) from None
     if amount <= 0:
         raise ValueError(f"memory size {value!r} must be more than zero")
     if amount > 2**63 - 1:

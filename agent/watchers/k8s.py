@@ -89,6 +89,7 @@ from trainmedic.events import (
     make_event,
 )
 from trainmedic.models import Source
+from trainmedic.quantity import parse_quantity
 from trainmedic.timefmt import parse_rfc3339_ns
 from udal.registry import detect_chip, load_plugins
 
@@ -651,9 +652,7 @@ def _quantity(v: Any) -> int | None:
         return v
     if isinstance(v, str):
         with contextlib.suppress(ValueError):
-            return int(v)
-        with contextlib.suppress(ValueError):
-            return int(float(v))
+            return int(parse_quantity(v))
     return None
 
 
