@@ -251,8 +251,7 @@ class IncidentStore:
         self.path = str(path)
         self.clock = clock
         try:
-            self._db = open_durable(self.path)
-            self._db.execute("PRAGMA foreign_keys=ON")
+            self._db = open_durable(self.path, foreign_keys=True)
         except (OSError, sqlite3.Error) as e:
             raise StoreError(f"incident store {self.path}: cannot open: {e}") from e
         self._lock = threading.RLock()

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from trainmedic.errors import TrainmedicError
+from trainmedic.sqlitedb import open_durable
 
 RETENTION_S = 30 * 86400.0
 
@@ -151,16 +152,12 @@ class SqlitePolicyState:
         self.path = Path(path)
         self._lock = threading.Lock()
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._conn = sqlite3.connect(
-                str(self.path), timeout=busy_timeout_s, check_same_thread=False, isolation_level=None
-            )
-        except (OSError, sqlite3.Error) as exc:
+            self._conn = open_durable(str(self.path), busy_timeout_s=busy_timeout_s, synchronous="NORMAL")
+        except (OSError, sqlite3.OperationalError) as exc:
             raise PolicyStateError(f"{self.path}: cannot open the policy state: {exc}") from exc
+        except sqlite3.DatabaseError as exc:
+            raise PolicyStateError(f"{self.path}: not a usable policy state file: {exc}") from exc
         try:
-            self._conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
-            self._conn.execute("PRAGMA journal_mode = WAL")
-            self._conn.execute("PRAGMA synchronous = NORMAL")
             self._migrate()
             cutoff = (time.time() if now is None else now) - retention_s
             with self._lock:

@@ -1,4 +1,4 @@
-"""The durable SQLite setup shared by the incident store and the notification outbox.
+"""The durable SQLite setup shared by the incident store, the notification outbox and the policy state.
 
 Both keep what the agent has acknowledged: WAL with `synchronous=FULL` (a committed transaction
 survives a crash or power loss), autocommit mode with explicit `BEGIN IMMEDIATE` transactions (the
@@ -13,18 +13,29 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Literal
 
 
-def open_durable(path: str, *, busy_timeout_s: float = 10.0) -> sqlite3.Connection:
+def open_durable(
+    path: str,
+    *,
+    busy_timeout_s: float = 10.0,
+    synchronous: Literal["FULL", "NORMAL"] = "FULL",
+    foreign_keys: bool = False,
+) -> sqlite3.Connection:
     """A connection to `path` (":memory:" for a throwaway one), its folder created. sqlite3.Error
-    and OSError are the caller's to turn into its own error type."""
+    and OSError are the caller's to turn into its own error type. `synchronous="NORMAL"` (WAL:
+    durable across a crash of the process, not of the machine) is for state that may lose its last
+    transactions to a power loss; `foreign_keys` turns their enforcement on."""
     if path != ":memory:":
         Path(path).parent.mkdir(parents=True, exist_ok=True)
     db = sqlite3.connect(path, timeout=busy_timeout_s, check_same_thread=False, isolation_level=None)
     try:
         db.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
         db.execute("PRAGMA journal_mode=WAL")
-        db.execute("PRAGMA synchronous=FULL")
+        db.execute(f"PRAGMA synchronous={synchronous}")
+        if foreign_keys:
+            db.execute("PRAGMA foreign_keys=ON")
     except sqlite3.Error:
         db.close()
         raise
