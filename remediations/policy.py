@@ -54,7 +54,7 @@ from pydantic import (
 from remediations.hints import HintBook, HintError, default_hints, hints_for, load_hints
 from remediations.policy_state import PolicyState
 from trainmedic import quantity as shared_quantity
-from trainmedic.datafile import format_error, node_line, parse_yaml
+from trainmedic.datafile import format_error, node_line, parse_yaml, read_data_file
 from trainmedic.errors import Problem, TrainmedicError
 from trainmedic.models import SEVERITY_RANK, Action, Chip, FaultClass, Finding, I18nText, RootCause, Severity
 from trainmedic.timefmt import rfc3339
@@ -1314,17 +1314,10 @@ def load_policy(path: str | Path | None = None, *, hints_path: str | Path | None
         book = default_hints() if hints_path is None else load_hints(hints_path)
     except HintError as exc:
         raise PolicyError(exc.problems) from None
-    try:
-        raw = p.read_bytes()
-    except OSError as exc:
-        raise PolicyError([Problem(str(p), None, f"cannot read: {exc.strerror or exc}")]) from None
-    if len(raw) > MAX_POLICY_FILE_BYTES:
-        raise PolicyError([Problem(str(p), None, f"file is {len(raw)} bytes, over the {MAX_POLICY_FILE_BYTES} limit")])
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise PolicyError([Problem(str(p), None, f"not UTF-8: {exc}")]) from None
-    return parse_policy(text, str(p), hints=book)
+    got = read_data_file(p, MAX_POLICY_FILE_BYTES)
+    if isinstance(got, Problem):
+        raise PolicyError([got])
+    return parse_policy(got[1], str(p), hints=book)
 
 
 def opt_out(annotations: Mapping[str, Any] | None) -> bool:
