@@ -59,7 +59,7 @@ from kubernetes import client as kclient
 from kubernetes.client.exceptions import ApiException
 
 from remediations.stacks import ExecResult, exec_in_pod
-from trainmedic.backoff import parse_retry_after
+from trainmedic.backoff import backoff_delay, parse_retry_after
 from trainmedic.errors import PermanentError, TemporaryError, TrainmedicError
 from trainmedic.models import FaultClass, I18nText
 from trainmedic.timefmt import rfc3339
@@ -504,8 +504,8 @@ class KubeOps:
 
     def backoff(self, attempt: int) -> float:
         """The wait after failed try number `attempt` (1-based) when the server named none."""
-        delay = min(self.max_delay, self.base_delay * 2.0 ** (attempt - 1))
-        return delay * (1.0 - self.jitter * self._rng.random())
+        jitter = (1.0 - self.jitter, 1.0)
+        return backoff_delay(attempt - 1, base=self.base_delay, cap=self.max_delay, jitter=jitter, rng=self._rng)
 
     async def _retrying(self, what: _What, run: Callable[[], T], on_retry: Callable[[], None] | None = None) -> T:
         """Run a blocking call in a thread; retry temporary errors (telling `on_retry` before each

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 
-from trainmedic.backoff import parse_retry_after
+from trainmedic.backoff import SPREAD, Backoff, backoff_delay, parse_retry_after
 
 NOW = 1445412420.0  # Wed, 21 Oct 2015 07:27:00 GMT
 
@@ -42,3 +43,93 @@ NOW = 1445412420.0  # Wed, 21 Oct 2015 07:27:00 GMT
 )
 def test_retry_after_is_seconds_or_an_http_date(value: object, cap: float, expected: float | None) -> None:
     assert parse_retry_after(value, now=NOW, cap=cap) == expected
+
+
+class _Fixed(random.Random):
+    """A draw that is always `r`: the bounds of the jitter are reached exactly."""
+
+    def __init__(self, r: float) -> None:
+        super().__init__(0)
+        self.r = r
+
+    def random(self) -> float:
+        return self.r
+
+
+@pytest.mark.parametrize(
+    ("doublings", "base", "cap", "raw"),
+    [
+        (0, 1.0, 30.0, 1.0),
+        (1, 1.0, 30.0, 2.0),
+        (4, 1.0, 30.0, 16.0),
+        (5, 1.0, 30.0, 30.0),  # capped
+        (-3, 0.5, 30.0, 0.5),  # below 0 counts as 0
+        (10_000, 0.2, 15.0, 15.0),  # no overflow however many failures
+        (3, 0.2, 0.1, 0.1),  # a cap below base wins
+    ],
+)
+@pytest.mark.parametrize(
+    ("jitter", "r", "factor"),
+    [
+        (SPREAD, 0.0, 0.8),
+        (SPREAD, 1.0, 1.2),
+        ((0.5, 1.0), 0.0, 0.5),  # the upper half of full jitter
+        ((0.0, 1.0), 0.5, 0.5),  # full jitter
+        ((1.0, 1.0), 0.3, 1.0),  # none
+    ],
+)
+def test_backoff_delay_is_capped_exponential_times_the_jitter(
+    doublings: int, base: float, cap: float, raw: float, jitter: tuple[float, float], r: float, factor: float
+) -> None:
+    got = backoff_delay(doublings, base=base, cap=cap, jitter=jitter, rng=_Fixed(r))
+    assert got == pytest.approx(raw * factor, rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("jitter", "low", "high"), [(SPREAD, 0.8, 1.2), ((0.5, 1.0), 0.5, 1.0), ((0.0, 1.0), 0.0, 1.0)]
+)
+def test_jitter_spreads_over_its_whole_range(jitter: tuple[float, float], low: float, high: float) -> None:
+    rng = random.Random(7)
+    draws = [backoff_delay(2, base=1.0, cap=60.0, jitter=jitter, rng=rng) / 4.0 for _ in range(500)]
+    assert low <= min(draws) and max(draws) <= high
+    assert min(draws) < low + (high - low) * 0.1 and max(draws) > high - (high - low) * 0.1
+
+
+def test_without_rng_the_random_module_draws() -> None:
+    random.seed(3)
+    first = [backoff_delay(1, base=1.0, cap=10.0) for _ in range(5)]
+    random.seed(3)
+    assert [backoff_delay(1, base=1.0, cap=10.0) for _ in range(5)] == first
+    assert all(1.6 <= d <= 2.4 for d in first)
+
+
+def test_backoff_doubles_to_its_cap_and_resets() -> None:
+    b = Backoff(0.5, 3.0, jitter=(1.0, 1.0))
+    assert b.current == 0.5
+    assert [b.next() for _ in range(6)] == [0.5, 1.0, 2.0, 3.0, 3.0, 3.0]
+    assert (b.failures, b.current) == (6, 3.0)
+    b.reset()
+    assert (b.failures, b.current) == (0, 0.5)
+    assert b.next() == 0.5
+
+
+def test_backoff_current_is_the_next_wait_before_jitter() -> None:
+    b = Backoff(1.0, 60.0, rng=_Fixed(1.0))
+    for want in (1.0, 2.0, 4.0):
+        assert b.current == want
+        assert b.next() == pytest.approx(want * 1.2)
+
+
+def test_backoff_survives_very_many_failures() -> None:
+    b = Backoff(1.0, 60.0, jitter=(1.0, 1.0))
+    b.failures = 10**6
+    assert b.next() == 60.0
+
+
+@pytest.mark.parametrize(
+    ("base", "cap", "jitter"),
+    [(0.0, 1.0, SPREAD), (-1.0, 1.0, SPREAD), (1.0, 0.0, SPREAD), (1.0, 2.0, (1.2, 0.8)), (1.0, 2.0, (-0.1, 1.0))],
+)
+def test_backoff_refuses_nonsense(base: float, cap: float, jitter: tuple[float, float]) -> None:
+    with pytest.raises(ValueError, match="backoff needs"):
+        Backoff(base, cap, jitter=jitter)

@@ -42,7 +42,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import random
 import time
 from collections import deque
 from collections.abc import Callable
@@ -53,6 +52,7 @@ from agent.bus.base import Bus
 from agent.jobindex import JobIndex
 from agent.telemetry import Telemetry
 from agent.watchers.follow import FileFollower, FileId, PositionSaver, PositionStore, Rfc3339, Segment, StartAt
+from trainmedic.backoff import Backoff
 from trainmedic.events import MAX_MESSAGE_BYTES, Event, JobRef, LogBatch, Topic, make_event
 
 log = logging.getLogger("trainmedic.watchers.crilog")
@@ -233,19 +233,18 @@ class CriLogTailer:
 
     async def run(self) -> None:
         """Tail until cancelled. Failures are logged, counted and retried with backoff."""
-        delay = 1.0
+        backoff = Backoff(1.0, 30.0)
         try:
             while True:
                 try:
                     more = await self.poll_once()
-                    delay = 1.0
+                    backoff.reset()
                 except asyncio.CancelledError:
                     raise
                 except Exception:
-                    log.exception("container log tailer failed; retrying in %.1f s", delay)
+                    log.exception("container log tailer failed; retrying in %.1f s", backoff.current)
                     self.telemetry.watch_errors.labels(source=SOURCE, kind="poll").inc()
-                    await asyncio.sleep(delay * random.uniform(0.8, 1.2))  # noqa: S311 (jitter)
-                    delay = min(delay * 2, 30.0)
+                    await asyncio.sleep(backoff.next())
                     continue
                 if not more:
                     await asyncio.sleep(self.read_interval)
@@ -746,7 +745,7 @@ class CriLogTailer:
         )
 
     async def _publish(self, ev: Event) -> None:
-        delay = 0.5
+        backoff = Backoff(0.5, 30.0)
         while True:
             try:
                 await self.bus.publish(Topic.LOGS, ev)
@@ -756,9 +755,8 @@ class CriLogTailer:
             except Exception as e:  # noqa: BLE001 (any bus failure is retried; the batch is kept)
                 self.stats.publish_errors += 1
                 self.telemetry.watch_errors.labels(source=SOURCE, kind="publish").inc()
-                log.warning("publishing a log batch failed (%s); retrying in %.1f s", e, delay)
-                await asyncio.sleep(delay * random.uniform(0.8, 1.2))  # noqa: S311 (jitter)
-                delay = min(delay * 2, 30.0)
+                log.warning("publishing a log batch failed (%s); retrying in %.1f s", e, backoff.current)
+                await asyncio.sleep(backoff.next())
 
     def _commit(self, ch: _Chain, b: _Batch) -> None:
         if self.store is not None and (b.fid in ch.live or b.fid in ch.closed):

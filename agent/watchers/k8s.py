@@ -77,6 +77,7 @@ from agent.bus.base import Bus
 from agent.jobindex import JobIndex, PodInfo, pod_info
 from agent.telemetry import Telemetry
 from remediations.kube import api_message, own_client, retry_after
+from trainmedic.backoff import Backoff, backoff_delay
 from trainmedic.errors import PermanentError, TemporaryError, TrainmedicError
 from trainmedic.events import (
     JobRef,
@@ -1281,8 +1282,8 @@ class Reflector:
 
     def backoff(self, attempt: int) -> float:
         s = self.settings
-        delay = min(s.backoff_max_s, s.backoff_base_s * (2 ** min(attempt, 30)))
-        return float(delay * random.uniform(1 - s.backoff_jitter, 1 + s.backoff_jitter))  # noqa: S311 (jitter)
+        jitter = (1 - s.backoff_jitter, 1 + s.backoff_jitter)
+        return backoff_delay(min(attempt, 30), base=s.backoff_base_s, cap=s.backoff_max_s, jitter=jitter)
 
     # -- the loop ----------------------------------------------------------------------------------
 
@@ -1747,7 +1748,7 @@ class WorkloadHandler(Handler):
 
 async def guarded(name: str, run: Callable[[], Any], telemetry: Telemetry, source: str) -> None:
     """Run a long-lived coroutine until cancelled; log, count and restart it (with backoff) if it fails."""
-    delay = 1.0
+    backoff = Backoff(1.0, 60.0)
     while True:
         try:
             await run()
@@ -1755,10 +1756,9 @@ async def guarded(name: str, run: Callable[[], Any], telemetry: Telemetry, sourc
         except asyncio.CancelledError:
             raise
         except Exception:
-            log.exception("%s failed; restarting in %.0f s", name, delay)
+            log.exception("%s failed; restarting in %.0f s", name, backoff.current)
             telemetry.watch_errors.labels(source=source, kind="crash").inc()
-        await asyncio.sleep(delay * random.uniform(0.8, 1.2))  # noqa: S311 (jitter)
-        delay = min(delay * 2, 60.0)
+        await asyncio.sleep(backoff.next())
 
 
 @dataclass

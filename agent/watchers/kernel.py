@@ -30,7 +30,6 @@ import contextlib
 import json
 import logging
 import os
-import random
 import re
 import select
 import threading
@@ -52,6 +51,7 @@ from agent.watchers.follow import (
     Rfc3339,
     StartAt,
 )
+from trainmedic.backoff import Backoff
 from trainmedic.errors import PermanentError
 from trainmedic.events import MAX_MESSAGE_BYTES, Event, KernelBatch, Topic, make_event, node_key
 
@@ -277,7 +277,7 @@ class _Publisher:
             await self.publish(lines[half:], times[half:], first_line + half)
             return
         for ev in events:
-            delay = 0.5
+            backoff = Backoff(0.5, 30.0)
             while True:
                 try:
                     await self.bus.publish(Topic.KERNEL, ev)
@@ -287,9 +287,8 @@ class _Publisher:
                 except Exception as e:  # noqa: BLE001 (any bus failure is retried; the batch is kept)
                     self.publish_errors += 1
                     self.telemetry.watch_errors.labels(source=self.source, kind="publish").inc()
-                    log.warning("publishing kernel lines failed (%s); retrying in %.1f s", e, delay)
-                    await asyncio.sleep(delay * random.uniform(0.8, 1.2))  # noqa: S311 (jitter)
-                    delay = min(delay * 2, 30.0)
+                    log.warning("publishing kernel lines failed (%s); retrying in %.1f s", e, backoff.current)
+                    await asyncio.sleep(backoff.next())
         self.published_lines += len(lines)
         self.telemetry.lines_in.labels(source=self.source).inc(len(lines))
 
@@ -430,7 +429,7 @@ class KmsgSource:
         parser = KmsgParser()
         poller = self._poller(f)
         overrun = False
-        delay = 0.5
+        backoff = Backoff(0.5, 30.0, jitter=(1.0, 1.0))  # a reader thread: no jitter needed
         try:
             while not stop.is_set():
                 if poller is not None and not poller.poll(self.poll_timeout * 1000):
@@ -445,12 +444,11 @@ class KmsgSource:
                 except InterruptedError:
                     continue
                 except OSError as e:
-                    log.warning("reading %s failed: %s (retrying in %.1f s)", self.path, e, delay)
+                    log.warning("reading %s failed: %s (retrying in %.1f s)", self.path, e, backoff.current)
                     self.telemetry.watch_errors.labels(source=self.SOURCE, kind="read_error").inc()
-                    stop.wait(delay)
-                    delay = min(delay * 2, 30.0)
+                    stop.wait(backoff.next())
                     continue
-                delay = 0.5
+                backoff.reset()
                 if not data:
                     stop.wait(0.1)  # a regular file or FIFO at its end (the device never ends)
                     continue
@@ -591,19 +589,18 @@ class KernelFileSource:
 
     async def run(self) -> None:
         """Follow the file until cancelled; read failures are logged and retried with backoff."""
-        delay = 1.0
+        backoff = Backoff(1.0, 30.0)
         try:
             while True:
                 try:
                     more = await self.poll_once()
-                    delay = 1.0
+                    backoff.reset()
                 except asyncio.CancelledError:
                     raise
                 except Exception:
-                    log.exception("kernel log file source failed; retrying in %.1f s", delay)
+                    log.exception("kernel log file source failed; retrying in %.1f s", backoff.current)
                     self.telemetry.watch_errors.labels(source=self.SOURCE, kind="poll").inc()
-                    await asyncio.sleep(delay * random.uniform(0.8, 1.2))  # noqa: S311 (jitter)
-                    delay = min(delay * 2, 30.0)
+                    await asyncio.sleep(backoff.next())
                     continue
                 if not more:
                     await asyncio.sleep(self.poll_interval)
@@ -843,7 +840,7 @@ class JournaldSource:
 
     async def _follow(self) -> None:
         loop = asyncio.get_running_loop()
-        delay = self.backoff_initial
+        backoff = Backoff(self.backoff_initial, self.backoff_max)
         while True:
             argv = self.argv()
             try:
@@ -876,15 +873,14 @@ class JournaldSource:
             self.restarts += 1
             self.telemetry.watch_errors.labels(source=self.SOURCE, kind="exited").inc()
             if got or loop.time() - started > 30.0:
-                delay = self.backoff_initial
+                backoff.reset()
             log.warning(
                 "journalctl exited with status %s%s; starting it again in %.1f s",
                 rc,
                 f": {tail}" if tail else "",
-                delay,
+                backoff.current,
             )
-            await asyncio.sleep(delay * random.uniform(0.8, 1.2))  # noqa: S311 (jitter)
-            delay = min(delay * 2, self.backoff_max)
+            await asyncio.sleep(backoff.next())
 
     async def _stderr_tail(self, stream: asyncio.StreamReader) -> str:
         tail: list[str] = []
