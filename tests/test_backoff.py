@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 import random
 
 import pytest
 
-from trainmedic.backoff import SPREAD, Backoff, backoff_delay, parse_retry_after
+from trainmedic.backoff import SPREAD, Backoff, backoff_delay, parse_retry_after, poll_forever, retry_until_done
 
 NOW = 1445412420.0  # Wed, 21 Oct 2015 07:27:00 GMT
 
@@ -133,3 +134,73 @@ def test_backoff_survives_very_many_failures() -> None:
 def test_backoff_refuses_nonsense(base: float, cap: float, jitter: tuple[float, float]) -> None:
     with pytest.raises(ValueError, match="backoff needs"):
         Backoff(base, cap, jitter=jitter)
+
+
+@pytest.mark.parametrize("failures", [0, 1, 4, 7])
+@pytest.mark.looptime
+@pytest.mark.asyncio
+async def test_retry_until_done_waits_the_backoff_between_tries(failures: int) -> None:
+    loop = asyncio.get_running_loop()
+    tries: list[float] = []
+    told: list[tuple[str, float]] = []
+
+    async def op() -> str:
+        tries.append(loop.time())
+        if len(tries) <= failures:
+            raise ConnectionError(f"down {len(tries)}")
+        return "sent"
+
+    start = loop.time()
+    got = await retry_until_done(op, Backoff(0.5, 4.0, jitter=(1.0, 1.0)), lambda e, d: told.append((str(e), d)))
+    assert got == "sent"
+    waits = [0.5, 1.0, 2.0, 4.0, 4.0, 4.0, 4.0][:failures]
+    assert told == [(f"down {i + 1}", w) for i, w in enumerate(waits)]
+    assert [t - start for t in tries] == pytest.approx([sum(waits[:i]) for i in range(failures + 1)])
+
+
+@pytest.mark.looptime
+@pytest.mark.asyncio
+async def test_retry_until_done_is_cancellable_while_waiting() -> None:
+    async def op() -> None:
+        raise OSError("never")
+
+    task = asyncio.ensure_future(retry_until_done(op, Backoff(1.0, 60.0), lambda e, d: None))
+    await asyncio.sleep(30.0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+@pytest.mark.looptime
+@pytest.mark.asyncio
+async def test_poll_forever_backs_off_on_failures_and_resets_on_success() -> None:
+    loop = asyncio.get_running_loop()
+    # Each answer: True (more waiting: again at once), False (idle), or an error (back off).
+    script: list[bool | Exception] = [True, False, OSError("a"), OSError("b"), True, OSError("c"), False]
+    seen: list[float] = []
+    told: list[float] = []
+    done = asyncio.Event()
+
+    async def poll() -> bool:
+        seen.append(loop.time())
+        if not script:
+            done.set()
+            await asyncio.Event().wait()
+        step = script.pop(0)
+        if isinstance(step, Exception):
+            raise step
+        return step
+
+    def failed(delay: float) -> None:
+        told.append(delay)
+
+    start = loop.time()
+    task = asyncio.ensure_future(
+        poll_forever(poll, idle_s=10.0, backoff=Backoff(1.0, 30.0, jitter=(1.0, 1.0)), on_failure=failed)
+    )
+    await done.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert told == [1.0, 2.0, 1.0]  # the success between "b" and "c" reset the backoff
+    assert [t - start for t in seen] == pytest.approx([0.0, 0.0, 10.0, 11.0, 13.0, 13.0, 14.0, 24.0])

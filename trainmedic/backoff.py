@@ -13,10 +13,15 @@ unreadable (the caller's own backoff then decides).
 
 from __future__ import annotations
 
+import asyncio
 import email.utils
 import math
 import random
+from collections.abc import Awaitable, Callable
 from datetime import UTC
+from typing import NoReturn, TypeVar
+
+T = TypeVar("T")
 
 SPREAD = (0.8, 1.2)
 """The jitter most loops use: +-20 % around the exponential delay."""
@@ -75,6 +80,42 @@ class Backoff:
 
     def reset(self) -> None:
         self.failures = 0
+
+
+async def retry_until_done(
+    op: Callable[[], Awaitable[T]], backoff: Backoff, on_failure: Callable[[Exception, float], None]
+) -> T:
+    """`op()` until it returns, waiting `backoff.next()` after each failure; `on_failure(error,
+    wait before jitter)` is told first (inside the `except`, so it may log the traceback).
+    Cancellation is never retried."""
+    while True:
+        try:
+            return await op()
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001 (any failure is retried: the caller keeps its data)
+            on_failure(e, backoff.current)
+            await asyncio.sleep(backoff.next())
+
+
+async def poll_forever(
+    poll: Callable[[], Awaitable[bool]], *, idle_s: float, backoff: Backoff, on_failure: Callable[[float], None]
+) -> NoReturn:
+    """Call `poll()` until cancelled: at once again while it returns True (more is waiting), after
+    `idle_s` when it returns False, after `backoff.next()` when it raises (`on_failure(wait before
+    jitter)` is told first, inside the `except`); a poll that works resets the backoff."""
+    while True:
+        try:
+            more = await poll()
+            backoff.reset()
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # noqa: BLE001 (a source's failure never ends its loop)
+            on_failure(backoff.current)
+            await asyncio.sleep(backoff.next())
+            continue
+        if not more:
+            await asyncio.sleep(idle_s)
 
 
 def parse_retry_after(value: object, *, now: float, cap: float = math.inf) -> float | None:

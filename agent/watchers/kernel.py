@@ -36,6 +36,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -51,7 +52,7 @@ from agent.watchers.follow import (
     Rfc3339,
     StartAt,
 )
-from trainmedic.backoff import Backoff
+from trainmedic.backoff import Backoff, poll_forever, retry_until_done
 from trainmedic.errors import PermanentError
 from trainmedic.events import MAX_MESSAGE_BYTES, Event, KernelBatch, Topic, make_event, node_key
 
@@ -277,20 +278,17 @@ class _Publisher:
             await self.publish(lines[half:], times[half:], first_line + half)
             return
         for ev in events:
-            backoff = Backoff(0.5, 30.0)
-            while True:
-                try:
-                    await self.bus.publish(Topic.KERNEL, ev)
-                    break
-                except asyncio.CancelledError:
-                    raise
-                except Exception as e:  # noqa: BLE001 (any bus failure is retried; the batch is kept)
-                    self.publish_errors += 1
-                    self.telemetry.watch_errors.labels(source=self.source, kind="publish").inc()
-                    log.warning("publishing kernel lines failed (%s); retrying in %.1f s", e, backoff.current)
-                    await asyncio.sleep(backoff.next())
+            # Any bus failure is retried; the batch is kept.
+            await retry_until_done(
+                partial(self.bus.publish, Topic.KERNEL, ev), Backoff(0.5, 30.0), self._publish_failed
+            )
         self.published_lines += len(lines)
         self.telemetry.lines_in.labels(source=self.source).inc(len(lines))
+
+    def _publish_failed(self, e: Exception, delay: float) -> None:
+        self.publish_errors += 1
+        self.telemetry.watch_errors.labels(source=self.source, kind="publish").inc()
+        log.warning("publishing kernel lines failed (%s); retrying in %.1f s", e, delay)
 
 
 async def _together(*coros: Awaitable[None]) -> None:
@@ -589,21 +587,13 @@ class KernelFileSource:
 
     async def run(self) -> None:
         """Follow the file until cancelled; read failures are logged and retried with backoff."""
-        backoff = Backoff(1.0, 30.0)
+
+        def failed(delay: float) -> None:
+            log.exception("kernel log file source failed; retrying in %.1f s", delay)
+            self.telemetry.watch_errors.labels(source=self.SOURCE, kind="poll").inc()
+
         try:
-            while True:
-                try:
-                    more = await self.poll_once()
-                    backoff.reset()
-                except asyncio.CancelledError:
-                    raise
-                except Exception:
-                    log.exception("kernel log file source failed; retrying in %.1f s", backoff.current)
-                    self.telemetry.watch_errors.labels(source=self.SOURCE, kind="poll").inc()
-                    await asyncio.sleep(backoff.next())
-                    continue
-                if not more:
-                    await asyncio.sleep(self.poll_interval)
+            await poll_forever(self.poll_once, idle_s=self.poll_interval, backoff=Backoff(1.0, 30.0), on_failure=failed)
         finally:
             inflight = self._inflight
             if inflight is not None:
