@@ -66,16 +66,13 @@ import numpy as np
 import yaml
 
 from remediations.stacks import ExecResult, StackDump, StackSettings, dump_stacks
+from trainmedic import hsdb
 from trainmedic.errors import TrainmedicError
 from trainmedic.events import DiagnosisEvent
 from trainmedic.models import Finding, Source
 from trainmedic.timefmt import rfc3339
 
-_hs: Any
-try:
-    import hyperscan as _hs
-except ImportError:  # pragma: no cover - the fallback is tested by forcing it
-    _hs = None
+_hs = hsdb.hs
 
 __all__ = [
     "MANIFEST",
@@ -377,10 +374,8 @@ class _Redactor:
         self.db: Any = None
         self._local = threading.local()
         if use_hyperscan and _hs is not None:
-            db = _hs.Database(mode=_hs.HS_MODE_BLOCK)
             flags = [_hs.HS_FLAG_PREFILTER | (_hs.HS_FLAG_CASELESS if b.caseless else 0) for b in _BRANCHES]
-            db.compile(expressions=[b.anchor.encode() for b in _BRANCHES], ids=list(range(len(_BRANCHES))), flags=flags)
-            self.db = db
+            self.db = hsdb.compile_block([b.anchor.encode() for b in _BRANCHES], range(len(_BRANCHES)), flags)
 
     def _scratch(self) -> Any:
         scratch = getattr(self._local, "scratch", None)
