@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from trainmedic.errors import TrainmedicError
-from trainmedic.sqlitedb import open_durable
+from trainmedic.sqlitedb import migrate, open_durable
 
 RETENTION_S = 30 * 86400.0
 
@@ -176,23 +176,17 @@ class SqlitePolicyState:
             # once cannot both apply the same migration.
             self._conn.execute("BEGIN IMMEDIATE")
             try:
-                self._conn.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
-                row = self._conn.execute("SELECT max(version) FROM schema_version").fetchone()
-                current = int(row[0]) if row and row[0] is not None else 0
-                if current > len(MIGRATIONS):
-                    raise PolicyStateError(
-                        f"{self.path}: schema version {current} is newer than this trainmedic knows "
-                        f"({len(MIGRATIONS)}); upgrade trainmedic or use another file"
-                    )
-                for version in range(current + 1, len(MIGRATIONS) + 1):
-                    for statement in MIGRATIONS[version - 1].split(";"):
-                        if statement.strip():
-                            self._conn.execute(statement)
-                    self._conn.execute("INSERT INTO schema_version (version) VALUES (?)", (version,))
+                migrate(self._conn, "schema_version", MIGRATIONS, self._newer)
                 self._conn.execute("COMMIT")
             except BaseException:
                 self._conn.execute("ROLLBACK")
                 raise
+
+    def _newer(self, current: int) -> PolicyStateError:
+        return PolicyStateError(
+            f"{self.path}: schema version {current} is newer than this trainmedic knows "
+            f"({len(MIGRATIONS)}); upgrade trainmedic or use another file"
+        )
 
     @property
     def schema_version(self) -> int:

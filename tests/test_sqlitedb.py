@@ -10,7 +10,7 @@ from typing import Literal
 
 import pytest
 
-from trainmedic.sqlitedb import immediate, open_durable
+from trainmedic.sqlitedb import immediate, migrate, open_durable
 
 
 def _pragma(db: sqlite3.Connection, name: str) -> object:
@@ -88,5 +88,51 @@ def test_immediate_rolls_back_when_the_block_raises(tmp_path: Path) -> None:
             d.execute("INSERT INTO t VALUES (1)")
             raise KeyError("boom")
         assert db.execute("SELECT count(*) FROM t").fetchone() == (0,)
+    finally:
+        db.close()
+
+
+_MIGRATIONS = ("CREATE TABLE a (x INTEGER); CREATE INDEX a_x ON a (x)", "ALTER TABLE a ADD COLUMN y TEXT")
+
+
+class _Newer(Exception):
+    pass
+
+
+@pytest.mark.parametrize(("applied", "want_columns"), [(0, ["x", "y"]), (1, ["x", "y"]), (2, ["x", "y"])])
+def test_migrate_applies_what_the_file_lacks(tmp_path: Path, applied: int, want_columns: list[str]) -> None:
+    db = open_durable(str(tmp_path / "x.db"))
+    lock = threading.RLock()
+    try:
+        if applied:
+            with immediate(db, lock, RuntimeError) as d:
+                assert migrate(d, "v", _MIGRATIONS[:applied], _Newer) == 0
+        with immediate(db, lock, RuntimeError) as d:
+            found = migrate(d, "v", _MIGRATIONS, _Newer)
+        assert found == applied
+        assert [r[1] for r in db.execute("PRAGMA table_info(a)")] == want_columns
+        assert [r[0] for r in db.execute("SELECT version FROM v ORDER BY version")] == [1, 2]
+    finally:
+        db.close()
+
+
+def test_migrate_refuses_a_newer_file(tmp_path: Path) -> None:
+    db = open_durable(str(tmp_path / "x.db"))
+    lock = threading.RLock()
+    try:
+        with immediate(db, lock, RuntimeError) as d:
+            migrate(d, "v", _MIGRATIONS, _Newer)
+        with pytest.raises(_Newer, match=r"^2$"), immediate(db, lock, RuntimeError) as d:
+            migrate(d, "v", _MIGRATIONS[:1], lambda have: _Newer(str(have)))
+    finally:
+        db.close()
+
+
+@pytest.mark.parametrize("table", ["v; DROP TABLE a", "1v", "", "v v"])
+def test_migrate_takes_only_a_plain_table_name(table: str) -> None:
+    db = open_durable(":memory:")
+    try:
+        with pytest.raises(ValueError, match="not a table name"):
+            migrate(db, table, _MIGRATIONS, _Newer)
     finally:
         db.close()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Literal
@@ -62,3 +62,22 @@ def immediate(
             db.execute("COMMIT")
         except sqlite3.Error as e:
             raise error(f"commit failed: {e}") from e
+
+
+def migrate(db: sqlite3.Connection, table: str, migrations: Sequence[str], newer: Callable[[int], Exception]) -> int:
+    """Bring a file's schema up to date, inside the caller's write transaction: `table` keeps the
+    versions applied; migration N (1-based; `;`-separated statements) is applied when the file is at
+    N-1. A file at a version above len(migrations) raises `newer(version)`. Returns the version found."""
+    if not table.isidentifier():
+        raise ValueError(f"{table!r} is not a table name")
+    db.execute(f"CREATE TABLE IF NOT EXISTS {table} (version INTEGER NOT NULL)")
+    row = db.execute(f"SELECT MAX(version) FROM {table}").fetchone()  # noqa: S608 - an identifier, checked
+    have = int(row[0]) if row and row[0] is not None else 0
+    if have > len(migrations):
+        raise newer(have)
+    for version in range(have + 1, len(migrations) + 1):
+        for statement in migrations[version - 1].split(";"):
+            if statement.strip():
+                db.execute(statement)
+        db.execute(f"INSERT INTO {table} (version) VALUES (?)", (version,))  # noqa: S608 - checked above
+    return have
