@@ -24,7 +24,7 @@ KAFKA_HOME    := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/trainmedic/kafka-$(KAFKA
 KAFKA_STAMP   := $(KAFKA_HOME)/lib/.pom-$(shell sha256sum $(KAFKA_POM) | cut -c1-12)
 
 # The real control plane: the Kubernetes release tests/cluster/go.mod pins, built by build.sh into
-# a cache directory keyed by version (tests/servers/kubeplane.py finds it there).
+# a cache directory keyed by version (agent/demo/plane.py finds it there).
 KUBE_DIR     := tests/cluster
 KUBE_VERSION := $(shell awk '$$1 == "k8s.io/kubernetes" { print $$2 } $$1 == "require" && $$2 == "k8s.io/kubernetes" { print $$3 }' $(KUBE_DIR)/go.mod)
 KUBE_HOME    := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/trainmedic/kube-$(KUBE_VERSION)
@@ -118,8 +118,25 @@ test: check servers browser kafka cluster helm
 # The whole loop on an emulated cluster (kmock, installed with the test extras): Xid 79, CUDA OOM,
 # HCCL init failure, a hang, a lost node and an application error, each detected, its scene saved,
 # healed or notified, and reported.
-demo: venv
-	$(VENV)/bin/trainmedic demo --fault all
+# The demo needs only the package and kmock (the `demo` extra) and Hyperscan (`fast`), not the
+# test toolchain; its artifacts (incident store, scene bundles, reports) are kept in $(DEMO_DIR).
+DEMO_STAMP := $(VENV)/.demo-stamp
+DEMO_DIR   ?= demo-out
+
+$(DEMO_STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and "Python >= 3.11 is required")'
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[demo,fast]'
+	@touch $(DEMO_STAMP)
+
+demo: $(DEMO_STAMP)
+	@rm -rf $(DEMO_DIR)
+	$(VENV)/bin/trainmedic demo --fault all --workdir $(DEMO_DIR)
+	@echo
+	@echo "next: the incidents     $(VENV)/bin/trainmedic incidents --store $(DEMO_DIR)/xid/trainmedic.db"
+	@echo "      one in full       $(VENV)/bin/trainmedic incidents --store $(DEMO_DIR)/xid/trainmedic.db ID"
+	@echo "      the reports       ls $(DEMO_DIR)/*/scenes/*/report.en.html"
 
 # The real-plane figures need `make cluster`; where it cannot build, bench goes on and reports them
 # as null with the reason (BENCH_ARGS to pass options, e.g. BENCH_ARGS="--quick --real-repetitions 3").

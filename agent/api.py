@@ -89,6 +89,7 @@ from trainmedic.errors import InputError, RuleLoadError, TrainmedicError
 from trainmedic.events import Event, K8sEvent, MetricBatch, MetricSample, Topic, event_key
 from trainmedic.models import Chip, Diagnosis, Finding
 from udal import METRIC_VOCABULARY
+from udal.registry import is_chip, plugin_of_exporter_labels
 
 log = logging.getLogger("trainmedic.api")
 
@@ -665,12 +666,15 @@ def _number(raw: str | None) -> float | None:
 
 
 def _chip(labels: Mapping[str, str], has_xid: bool) -> str:
+    """The alert's `chip` label when it names a chip plugin; else an Xid (dcgm-exporter) is NVIDIA's;
+    else the plugin whose exporter's labels these are (`exporter_labels_match`); else generic."""
     chip = labels.get("chip", "").lower()
-    if chip in {c.value for c in Chip}:
+    if is_chip(chip):
         return chip
-    if has_xid or labels.get("UUID", "").startswith("GPU-") or "nvidia" in labels.get("modelName", "").lower():
+    if has_xid:
         return Chip.NVIDIA.value
-    return Chip.GENERIC.value
+    plugin = plugin_of_exporter_labels(labels)
+    return plugin.chip.value if plugin is not None else Chip.GENERIC.value
 
 
 def _xid(alert: AlertIn) -> int | None:

@@ -331,13 +331,17 @@ class Brain:
             return
         self.telemetry.events_in.labels(record.topic).inc()
         self._last_seen[event.key] = self.clock()
-        seen_key = hash((event.id, event.key))
-        if seen_key in self._seen or seen_key in self._seen_old:
-            self.tracker.done(record)
-            return
-        self._seen.add(seen_key)
-        if len(self._seen) >= max(1, self.settings.dedup_size // 2):
-            self._seen_old, self._seen = self._seen, set()
+        if self.bus.replays:
+            # Only a bus that delivers a record again (a broker's at-least-once, a rebalance) needs
+            # the ring: the embedded bus (replays=False) hands each record to its group once, and
+            # every event id is new (uuid4), so there it would only fill up (~7 MB at its cap).
+            seen_key = hash((event.id, event.key))
+            if seen_key in self._seen or seen_key in self._seen_old:
+                self.tracker.done(record)
+                return
+            self._seen.add(seen_key)
+            if len(self._seen) >= max(1, self.settings.dedup_size // 2):
+                self._seen_old, self._seen = self._seen, set()
         try:
             findings = self.detect(event)
         except Exception:  # a bug in one detector must not stop the pipeline; the event is set aside

@@ -9,7 +9,8 @@
     trainmedic approve ID [--reject] [--by NAME] [--comment TEXT] [--store FILE]
     trainmedic report ID [--format md|html] [--lang en|zh] [--store FILE | --config FILE] [--out FILE]
     trainmedic release-node NODE [--incident ID] [--kubeconfig FILE]
-    trainmedic demo [--fault xid|oom|hccl|hang|node-lost|app-error|all] [--json] [--lang en|zh] [--workdir DIR]
+    trainmedic demo [--fault xid|oom|hccl|hang|node-lost|app-error|all] [--cluster emulator|real] [--json]
+                    [--lang en|zh] [--workdir DIR]
     trainmedic config reference | show [--config FILE]
     trainmedic version | --version
 
@@ -207,6 +208,14 @@ def build_parser() -> argparse.ArgumentParser:
         default="all",
         metavar="xid|oom|hccl|hang|node-lost|app-error|all",
         help="the fault to inject (a comma list works too); all: each in turn (default)",
+    )
+    demo.add_argument(
+        "--cluster",
+        choices=("emulator", "real"),
+        default="emulator",
+        help="emulator: the in-process emulated cluster (default, Python only); real: a real control plane"
+        " (kube-apiserver, controller-manager, scheduler, etcd, KWOK nodes) that `make cluster` builds"
+        " (faults xid, node-lost)",
     )
     demo.add_argument("--json", action="store_true", help="one JSON object per fault on stdout, nothing else")
     demo.add_argument(
@@ -789,7 +798,14 @@ def _demo(args: argparse.Namespace) -> int:
     """`trainmedic demo`: faults injected into an emulated cluster, detected and healed by the agent."""
     from agent.demo.runner import main as demo_main
 
-    return demo_main(args.fault, json_lines=args.json, lang=args.lang, workdir=args.workdir, verbose=args.verbose)
+    return demo_main(
+        args.fault,
+        json_lines=args.json,
+        lang=args.lang,
+        workdir=args.workdir,
+        verbose=args.verbose,
+        cluster=args.cluster,
+    )
 
 
 def _config(args: argparse.Namespace) -> int:

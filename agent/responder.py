@@ -41,6 +41,7 @@ dropped: every step lands in the incident's timeline and on `trainmedic.incident
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import dataclasses
 import hashlib
@@ -74,7 +75,7 @@ from remediations.errors import (
 from remediations.kube import KubeError, KubeOps, PermanentKubeError, problem_condition
 from remediations.policy import RESERVATION_HOLD_S, ActionName, Mode, Plan, Policy, PolicyContext
 from remediations.policy_state import PolicyState
-from remediations.scene import SceneInputs, SceneSettings, save_scene
+from remediations.scene import SceneInputs, SceneSettings, save_scene, warm_redactor
 from remediations.stacks import ExecResult, StackSource, exec_in_pod
 from trainmedic.events import DiagnosisEvent, IncidentEvent, JobRef, Topic, make_event
 from trainmedic.models import FaultClass, I18nText, RootCause
@@ -219,6 +220,7 @@ class Responder:
         self._queued = 0  # every queued item, degraded ones included
         self._seq = 0
         self._slots = asyncio.Semaphore(self.settings.max_concurrent)
+        self._policy_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="trainmedic-policy")
         self.degraded = 0
         self.changed = asyncio.Event()
 
@@ -229,6 +231,7 @@ class Responder:
         consumer = self.bus.consumer([Topic.DIAGNOSES.value], self.settings.group)
         await consumer.start()
         try:
+            await asyncio.to_thread(warm_redactor)  # not on the loop with the first scene
             await self.resume()
             self.ready.set()
             last_poll = self.clock()
@@ -267,6 +270,7 @@ class Responder:
     def close(self) -> None:
         """Release the API client and the store (after `run` returned)."""
         self.kube.close()
+        self._policy_thread.shutdown(wait=True)
         self.store.close()
         close = getattr(self.policy_state, "close", None)
         if callable(close):
@@ -396,7 +400,7 @@ class Responder:
     async def poll_store(self) -> None:
         """Approved plans (a person ran `trainmedic approve`) and actions waiting for a retry, each run
         on its job's worker so it never races with that job's other work."""
-        for incident in await asyncio.to_thread(self.store.unfinished):
+        for incident in await asyncio.to_thread(self.store.carrying_on):
             if not self._carrying_on(incident) or not self.owns(incident):
                 continue
             if incident.id in self._scheduled:
@@ -523,11 +527,19 @@ class Responder:
             await self._publish(incident, rc)
             return incident
         ctx = await self._context(incident, rc, workload)
-        if await asyncio.to_thread(self.store.mark_fault_observed, incident.id):
-            self.policy.observe_fault(rc, ctx, self.policy_state, incident_id=incident.id)
-        plan = self.policy.decide(incident.id, rc, d.diagnosis.findings, ctx, self.policy_state)
-        if plan.breaker_open and plan.mode is Mode.ENFORCE:
-            self.policy.commit_breaker(ctx, self.policy_state, incident_id=incident.id)
+        observed = await asyncio.to_thread(self.store.mark_fault_observed, incident.id)
+
+        def decide() -> Plan:
+            # The policy state is SQLite (a durable write per fault): off the loop, in one thread so
+            # that decisions stay one at a time, as they were on the loop.
+            if observed:
+                self.policy.observe_fault(rc, ctx, self.policy_state, incident_id=incident.id)
+            plan = self.policy.decide(incident.id, rc, d.diagnosis.findings, ctx, self.policy_state)
+            if plan.breaker_open and plan.mode is Mode.ENFORCE:
+                self.policy.commit_breaker(ctx, self.policy_state, incident_id=incident.id)
+            return plan
+
+        plan = await asyncio.get_running_loop().run_in_executor(self._policy_thread, decide)
         if self.settings.mode is not None:
             plan.mode = self.settings.mode
         planned_for = identity(workload) if workload is not None else None
@@ -582,10 +594,17 @@ class Responder:
             )
         except KubeError as e:
             log.warning("incident %s: node %s condition and event not written: %s", incident.id, rc.node, e)
-            self.store.note(incident.id, "node_condition_failed", {"node": rc.node, "error": str(e)})
+            await asyncio.to_thread(
+                self.store.note, incident.id, "node_condition_failed", {"node": rc.node, "error": str(e)}
+            )
             return
         if written:
-            self.store.note(incident.id, "node_condition", {"node": rc.node, "type": problem_condition(rc.fault_class)})
+            await asyncio.to_thread(
+                self.store.note,
+                incident.id,
+                "node_condition",
+                {"node": rc.node, "type": problem_condition(rc.fault_class)},
+            )
 
     @staticmethod
     def _status_for(plan: Plan) -> IncidentStatus:
@@ -920,7 +939,8 @@ class Responder:
             metrics_window_s=self.settings.metrics_window_s,
         )
         result = await save_scene(self.settings.scene_dir, inputs, _SceneSource(self), settings)
-        self.store.set_scene(
+        await asyncio.to_thread(
+            self.store.set_scene,
             incident.id,
             str(result.dir),
             {"files": len(result.manifest.get("files", [])), "problems": len(result.manifest.get("problems", []))},

@@ -19,13 +19,22 @@ responder), and a paced publisher in the same process feeds its bus as the watch
 bus being `bus.kind: kafka` as a production brain has it. The broker's own memory is not the
 agent's: the RSS measured is this process's only. Its slope is `soak_rss_slope_mb_per_min`.
 
-`--responder` also runs the responder, as `--role all` builds it, in observe mode against the
-in-process API emulator (agent/demo/emulator.py, an empty cluster: the faulting jobs have no
-objects there, so each incident is opened, its scene gathered from what the API has, and closed
-`observed`). It adds `responder_incidents_per_s` (incidents that left `open` during the load, per
-second of load: at most the diagnoses' rate, not the responder's ceiling), `soak_incidents`,
-`soak_incidents_pending_end` (still `open` `--settle-s` after the load stopped) and
-`soak_incidents_degraded` (handled observe-only because the queue was full).
+`--responder` also runs the responder, as `--role all` builds it, in observe mode against the real
+kube-apiserver with six KWOK nodes (`--plane real`, the default: tests/servers/kubeplane.py, in its
+own processes, from the binaries `make cluster` caches) or the in-process API emulator (`--plane
+emulator`, agent/demo/emulator.py: it takes most of the agent's loop itself, so it measures the
+emulator). The soak's jobs have no objects there, so each incident is opened, its scene gathered
+from what the API has, and closed `observed`. It adds `soak_incidents_settled_per_s` (incidents
+that left `open` during the load, per second of load: at most the diagnoses' rate, not the
+responder's ceiling), `soak_incidents`, `soak_incidents_pending_end` (still `open` `--settle-s`
+after the load stopped; `soak_incidents_pending_final_end` of them had their final diagnosis) and
+`soak_incidents_degraded` (handled observe-only because more than `remediate.max_pending` waited).
+
+`--ceiling N` measures the responder's ceiling instead, `responder_incidents_per_s`: the agent as
+above with nothing published but N final diagnoses at once, about `--ceiling-jobs` one-pod batch
+Jobs Running on the KWOK nodes (so each scene has a workload, pods, logs, events and nodes), with
+room for all of them (`remediate.max_pending` = N: none is shed); N over the seconds until every
+incident has left `open`.
 
 Figures (one JSON object on stdout, and merged into bench/results.json with `--results`):
 `soak_minutes`, `soak_bus`, `soak_memory_bus_rss_slope_mb_per_min` (least squares over the RSS
@@ -44,9 +53,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import importlib
 import json
 import logging
 import os
+import shutil
 import sqlite3
 import statistics
 import sys
@@ -214,6 +225,10 @@ def _types() -> Counter[str]:
     return Counter(type(o).__name__ for o in gc.get_objects())
 
 
+# Counts beside the incidents by status in `incident_counts`.
+NOT_STATUSES = ("degraded", "open_final")
+
+
 def incident_counts(db: Path) -> Counter[str]:
     """Incidents by status, and how many were handled observe-only for want of room (`degraded`)."""
     if not db.exists():
@@ -224,19 +239,63 @@ def incident_counts(db: Path) -> Counter[str]:
             {str(k): int(n) for k, n in con.execute("SELECT status, count(*) FROM incidents GROUP BY status")}
         )
         (degraded,) = con.execute("SELECT count(*) FROM timeline WHERE kind = 'degraded'").fetchone()
+        (open_final,) = con.execute(
+            "SELECT count(*) FROM incidents WHERE status = 'open' AND json_extract(diagnosis, '$.final')"
+        ).fetchone()
     finally:
         con.close()
     counts["degraded"] = int(degraded)
+    counts["open_final"] = int(open_final)
     return counts
 
 
 async def soak(args: argparse.Namespace, bootstrap: str | None = None) -> dict[str, Any]:
-    if args.responder:
+    if args.responder and args.plane == "emulator":
         from agent.demo.emulator import KubeEmulator
 
         async with KubeEmulator() as kube:
-            return await _soak(args, bootstrap, kube.api_client())
+            out = await _soak(args, bootstrap, kube.api_client())
+            out["soak_responder_plane"] = "emulator"
+            return out
+    if args.responder:
+        plane = _start_plane()
+        try:
+            out = await _soak(args, bootstrap, plane.api_client())
+        finally:
+            await asyncio.to_thread(_stop_plane, plane)
+        out["soak_responder_plane"] = _plane_name(plane)
+        return out
     return await _soak(args, bootstrap, None)
+
+
+def _start_plane() -> Any:
+    """tests/servers/kubeplane.py's real control plane (etcd, kube-apiserver, controller manager,
+    scheduler, six KWOK nodes), in its own processes, with the soak's namespace."""
+    tests = str(ROOT / "tests")
+    if tests not in sys.path:
+        sys.path.insert(0, tests)
+    kubeplane: Any = importlib.import_module("servers.kubeplane")
+    gone = kubeplane.missing()
+    if gone:
+        raise SystemExit(f"--plane real: the control plane is not built ({', '.join(gone)}); run `make cluster`")
+    plane = kubeplane.KubePlane(Path(tempfile.mkdtemp(prefix="tm-soak-plane-")))
+    try:
+        plane.start()
+        plane.apply([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": CEILING_NS}}])
+    except BaseException:
+        _stop_plane(plane)
+        raise
+    return plane
+
+
+def _stop_plane(plane: Any) -> None:
+    plane.stop()
+    shutil.rmtree(plane.dir, ignore_errors=True)
+
+
+def _plane_name(plane: Any) -> str:
+    kubeplane: Any = importlib.import_module("servers.kubeplane")
+    return f"kube-apiserver {kubeplane.kube_version()} with {len(plane.nodes)} KWOK nodes"
 
 
 async def _soak(args: argparse.Namespace, bootstrap: str | None, api_client: Any) -> dict[str, Any]:
@@ -319,18 +378,21 @@ async def _soak(args: argparse.Namespace, bootstrap: str | None, api_client: Any
         incidents: dict[str, Any] = {}
         if responder:
             during = await asyncio.to_thread(incident_counts, db)
-            settled = sum(n for k, n in during.items() if k not in ("open", "degraded"))
+            settled = sum(n for k, n in during.items() if k not in NOT_STATUSES)
             waited = 0.0
             while waited < args.settle_s:  # the brain and the responder go on; the load has stopped
                 await asyncio.sleep(1.0)
                 waited += 1.0
             after = await asyncio.to_thread(incident_counts, db)
             incidents = {
-                "responder_incidents_per_s": round(settled / seconds, 2),
-                "soak_incidents": sum(n for k, n in after.items() if k != "degraded"),
+                "soak_incidents_settled_per_s": round(settled / seconds, 2),
+                "soak_incidents": sum(n for k, n in after.items() if k not in NOT_STATUSES),
                 "soak_incidents_pending_end": after.get("open", 0),
+                # Of those, the ones whose final diagnosis came (the responder is behind on them); the
+                # rest still wait for one (the brain's part).
+                "soak_incidents_pending_final_end": after.get("open_final", 0),
                 "soak_incidents_degraded": after.get("degraded", 0),
-                "soak_incidents_by_status": {k: n for k, n in sorted(after.items()) if k != "degraded"},
+                "soak_incidents_by_status": {k: n for k, n in sorted(after.items()) if k not in NOT_STATUSES},
                 "soak_settle_s": args.settle_s,
             }
         lines_in = lines_read()
@@ -376,6 +438,183 @@ async def _soak(args: argparse.Namespace, bootstrap: str | None, api_client: Any
         }
 
 
+def _diagnosis(namespace: str, name: str, node: str, n: int) -> Any:
+    """A final diagnosis of a job with an Xid 79 root cause on `node` (what the brain publishes)."""
+    from trainmedic.events import DiagnosisEvent
+    from trainmedic.models import Chip, Diagnosis, FaultClass, Finding, I18nText, RootCause, Severity
+
+    now = time.time()
+    rc = RootCause(
+        fault_class=FaultClass.DEVICE_ERROR,
+        chip=Chip.NVIDIA,
+        code="xid:79",
+        node=node,
+        device="0",
+        summary=I18nText(en="GPU has fallen off the bus", zh="GPU 掉卡"),
+        rule_id="nvidia.xid.79",
+        severity=Severity.CRITICAL,
+    )
+    finding = Finding.model_validate(
+        {
+            "rule_id": "nvidia.xid.79",
+            "fault_class": "device_error",
+            "chip": "nvidia",
+            "code": "xid:79",
+            "source": "kernel",
+            "line_no": 1,
+            "text": "NVRM: Xid (PCI:0000:3b:00): 79, pid=2876, name=python, GPU has fallen off the bus.",
+            "node": node,
+            "timestamp": now - 1,
+            "severity": "critical",
+        }
+    )
+    return DiagnosisEvent(
+        diagnosis_id=f"d-{namespace}-{name}-{n}",
+        final=True,
+        job=JobRef(namespace=namespace, name=name, kind="Job", api_version="batch/v1"),
+        node=node,
+        window_start=now - 5,
+        window_end=now,
+        diagnosis=Diagnosis(root_cause=rc, findings=[finding]),
+    )
+
+
+def _ceiling_job(namespace: str, name: str) -> dict[str, Any]:
+    """A one-pod batch/v1 Job (a small CPU request: many fit on the KWOK nodes)."""
+    limits = {"cpu": "10m", "memory": "16Mi"}
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "backoffLimit": 0,
+            "template": {
+                "spec": {
+                    "restartPolicy": "Never",
+                    "terminationGracePeriodSeconds": 0,
+                    "containers": [
+                        {
+                            "name": "trainer",
+                            "image": "registry.example/train:1",
+                            "command": ["torchrun"],
+                            "resources": {"limits": limits, "requests": limits},
+                        }
+                    ],
+                }
+            },
+        },
+    }
+
+
+async def _ceiling_run(
+    args: argparse.Namespace, api_client: Any, jobs: list[tuple[str, str]], tmp: Path
+) -> dict[str, Any]:
+    """Publish `--ceiling` final diagnoses of `jobs` (name, node) at once on the agent's bus; the rate at
+    which the responder settles them (every one leaves `open`), with nothing shed."""
+    from trainmedic.events import job_key
+
+    n = args.ceiling
+    settings = Settings.model_validate(
+        {
+            "log_format": "text",
+            "log_level": "WARNING",
+            "kubernetes": {"enabled": True, "follow_pod_logs": False},
+            "logs": {"enabled": False},
+            "kernel": {"source": "off"},
+            "metrics": {"nvml": False},
+            "api": {"enabled": False},
+            "remediate": {
+                "enabled": True,
+                "mode": "observe",
+                "stacks": False,
+                "store": f"{tmp}/tm.db",
+                "scene_dir": f"{tmp}/scenes",
+                # The ceiling of full handling: room for every diagnosis, so none is shed.
+                "max_pending": max(n, 1),
+            },
+        }
+    )
+    agent = build_agent(settings, Role.ALL, api_client=api_client)
+    responder = agent.responder
+    if responder is None:
+        raise SystemExit(f"--ceiling: the responder did not start: {agent.disabled.get('responder')}")
+    runner = asyncio.create_task(run_agent(agent))
+    await agent.started.wait()
+    await responder.ready.wait()
+    await asyncio.sleep(2.0)  # the watchers' first lists
+    t0 = time.monotonic()
+    for i in range(n):
+        name, node = jobs[i % len(jobs)]
+        d = _diagnosis(CEILING_NS, name, node, i)
+        await agent.bus.publish(Topic.DIAGNOSES, make_event(d, producer="soak", key=job_key(CEILING_NS, name)))
+    deadline = t0 + args.ceiling_timeout_s
+    while len(responder.handled) < n and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+    elapsed = time.monotonic() - t0
+    done = len(responder.handled)
+    counts = await asyncio.to_thread(incident_counts, Path(tmp) / "tm.db")
+    agent.stop.set()
+    await asyncio.wait_for(runner, 60)
+    return {
+        "responder_incidents_per_s": round(done / elapsed, 2),
+        "responder_ceiling_incidents": n,
+        "responder_ceiling_settled": done,
+        "responder_ceiling_s": round(elapsed, 1),
+        "responder_ceiling_jobs": len(jobs),
+        "responder_ceiling_by_status": {k: v for k, v in sorted(counts.items()) if k not in NOT_STATUSES},
+        "responder_ceiling_degraded": counts.get("degraded", 0),
+        "responder_ceiling_max_concurrent": settings.remediate.max_concurrent,
+        "responder_ceiling_mode": "observe",
+    }
+
+
+CEILING_NS = "soak"
+
+
+def ceiling(args: argparse.Namespace) -> dict[str, Any]:
+    """`responder_incidents_per_s` against the real kube-apiserver with KWOK nodes (`--plane real`,
+    tests/servers/kubeplane.py: etcd, kube-apiserver, controller manager, scheduler, six KWOK nodes, in
+    their own processes) or the in-process API emulator (`--plane emulator`, no jobs: every lookup
+    answers 404)."""
+    with tempfile.TemporaryDirectory(prefix="tm-ceiling-") as tmp:
+        if args.plane == "emulator":
+            from agent.demo.emulator import KubeEmulator
+
+            async def on_emulator() -> dict[str, Any]:
+                async with KubeEmulator() as kube:
+                    jobs = [(f"job-{j:04d}", f"gpu-node-{j % 6}") for j in range(args.ceiling_jobs)]
+                    return await _ceiling_run(args, kube.api_client(), jobs, Path(tmp))
+
+            out = asyncio.run(on_emulator())
+            out["responder_ceiling_plane"] = "emulator"
+            return out
+        started = time.monotonic()
+        plane = _start_plane()
+        try:
+            names = [f"job-{j:04d}" for j in range(args.ceiling_jobs)]
+            for name in names:
+                plane.request("POST", f"/apis/batch/v1/namespaces/{CEILING_NS}/jobs", _ceiling_job(CEILING_NS, name))
+            where: dict[str, str] = {}
+            limit = time.monotonic() + 180
+            while len(where) < len(names) and time.monotonic() < limit:
+                pods = plane.request("GET", f"/api/v1/namespaces/{CEILING_NS}/pods")["items"]
+                for p in pods:
+                    if (p.get("status") or {}).get("phase") == "Running":
+                        where[p["metadata"]["labels"]["job-name"]] = p["spec"]["nodeName"]
+                time.sleep(1.0)
+            print(
+                f"real plane up and {len(where)} of {len(names)} jobs Running in {time.monotonic() - started:.0f} s",
+                file=sys.stderr,
+            )
+            jobs = [(name, where.get(name, "gpu-1")) for name in names]
+            out = asyncio.run(_ceiling_run(args, plane.api_client(), jobs, Path(tmp)))
+            out["responder_ceiling_plane"] = _plane_name(plane)
+            out["responder_ceiling_jobs_running"] = len(where)
+        finally:
+            _stop_plane(plane)
+        return out
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--minutes", type=float, default=30.0)
@@ -389,6 +628,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--bus", choices=("memory", "kafka"), default="memory", help="the agent's bus.kind")
     p.add_argument("--responder", action="store_true", help="run the responder (observe mode, API emulator)")
     p.add_argument("--settle-s", type=float, default=60.0, help="with --responder: wait after the load")
+    p.add_argument(
+        "--ceiling",
+        type=int,
+        default=0,
+        metavar="N",
+        help="instead of the soak: the responder's ceiling, N final diagnoses at once (responder_incidents_per_s)",
+    )
+    p.add_argument("--ceiling-jobs", type=int, default=50, help="with --ceiling: jobs the diagnoses are about")
+    p.add_argument("--ceiling-timeout-s", type=float, default=300.0)
+    p.add_argument(
+        "--plane",
+        choices=("real", "emulator"),
+        default="real",
+        help="with --responder or --ceiling: the real kube-apiserver with KWOK nodes, or the API emulator",
+    )
     p.add_argument("--tracemalloc", action="store_true")
     p.add_argument("--results", type=Path, default=None, help="merge the figures into this JSON file")
     return p.parse_args(argv)
@@ -413,7 +667,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.tracemalloc:
         tracemalloc.start(1)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
-    out = _with_kafka(args) if args.bus == "kafka" else asyncio.run(soak(args))
+    if args.ceiling > 0:
+        out = ceiling(args)
+    elif args.bus == "kafka":
+        out = _with_kafka(args)
+    else:
+        out = asyncio.run(soak(args))
     print(json.dumps(out, indent=2))
     if args.results is not None:
         results = json.loads(args.results.read_text()) if args.results.exists() else {}

@@ -109,6 +109,7 @@ def correlate(
     node), where the collected layout says them (detectors/layout.py)."""
     enriched = [enrich(f) for f in findings]
     _explain_consequences(enriched)
+    _explain_teardown([f for f, _ in enriched])
     weights = [weight(f, e) for f, e in enriched]
     if not enriched:
         return Diagnosis(root_cause=None, findings=[], distinct_findings=0, lines_scanned=lines_scanned)
@@ -270,6 +271,40 @@ def _localise_stalled(root: RootCause, findings: list[Finding], ranks_seen: set[
         (f"rank {rank} 没有上报超时而其他 rank 都在等待：请先检查 rank {rank}。"),
     )
     root.summary = I18nText(en=root.summary.en + en, zh=root.summary.zh + zh)
+
+
+# Exit codes of a rank the launcher stopped: SIGKILL and SIGTERM, as torch elastic (-N) or a shell
+# (128 + N) reports them.
+KILL_EXITS = frozenset({"-9", "-15", "137", "143"})
+TERM_EXITS = frozenset({"-15", "143"})
+KILL_CODES = frozenset({"sigkill", "sigterm"})
+
+
+def _block_exit(f: Finding) -> str:
+    return f.groups.get("exit", "1" if f.code == "exit_1" else "")
+
+
+def _explain_teardown(findings: list[Finding]) -> None:
+    """torch elastic stops the surviving workers once one has failed: SIGTERM to each, then SIGKILL to
+    those still alive after the grace period (torch/distributed/elastic/multiprocessing/api.py,
+    `close`). Its failure summary then lists the survivors as killed (-15, -9), timed after the rank
+    that failed first. When the summary shows that shape (the earliest block is not a kill, every kill
+    block is later, and at least one survivor was sent SIGTERM), the kills are the launcher's
+    teardown, a consequence of the first failure and never its cause."""
+    blocks = [f for f in findings if f.rule_id in ORIGIN_RULES and f.timestamp is not None]
+    if not blocks:
+        return
+    first = min(blocks, key=lambda f: f.timestamp or 0.0)
+    if _block_exit(first) in KILL_EXITS:
+        return
+    kills = [f for f in blocks if _block_exit(f) in KILL_EXITS]
+    if not kills or not any(_block_exit(f) in TERM_EXITS for f in kills):
+        return
+    if any((f.timestamp or 0.0) <= (first.timestamp or 0.0) for f in kills):
+        return
+    for f in findings:
+        if f.fault_class is FaultClass.PROCESS_KILLED and f.code in KILL_CODES and f.consequence_of is None:
+            f.consequence_of = first.code
 
 
 def _explain_consequences(enriched: list[tuple[Finding, udal.CatalogEntry | None]]) -> None:

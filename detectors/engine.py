@@ -256,6 +256,15 @@ class Engine:
         """Settle each finding's class: the chip catalog's class for rules that extract any vendor
         code (`catalog_class`), then the phase (detectors/phase.py) for phase-sensitive rules."""
         marks: dict[int, FaultClass | None] = {}  # line index -> phase marker, shared by the findings
+        ignored = [
+            f
+            for f in findings
+            if f.line_no is not None
+            and self.rules[self._rule_index[f.rule_id]].user_frame
+            and _ignored_exception(lines, f.line_no - first_line)
+        ]
+        if ignored:
+            findings[:] = [f for f in findings if not any(f is g for g in ignored)]
         for f in findings:
             rule = self.rules[self._rule_index[f.rule_id]]
             if rule.catalog_class:
@@ -286,6 +295,11 @@ class Engine:
                 # one occurrence whose traceback frames name an init call settles them all, since
                 # the first copy printed may have lost its frames to another rank's output.
                 resolved = self._phases.resolve(f.fault_class, lines.get(last), functools.partial(neighbour, idx=last))
+            if resolved is not f.fault_class:
+                # A rule's priority places its own class (a witness's "connection closed" below the
+                # peer's failure in training); once the phase makes it an init failure, the init
+                # class's weight applies: the group could not be built at all.
+                f.priority = None
             f.fault_class = resolved
 
     def _wrapped_candidates(
@@ -413,6 +427,32 @@ def build_finding(rule: Rule, match: re.Match[str], text: str, line_no: int | No
 _FRAME = re.compile(rb'File "(?P<file>[^"]{1,300})", line (?P<line>\d{1,7}), in (?P<func>[\w<>.]{1,100})')
 _LIBRARY = re.compile(rb"/(?:site|dist)-packages/|/lib/python\d[\d.]*/|^<frozen ")
 FRAME_LOOKBACK = 60
+
+
+_TRACEBACK_HEAD = re.compile(rb"Traceback \(most recent call last\):")
+_IGNORED_HEAD = re.compile(rb"\bException ignored in\b")
+
+
+def _ignored_exception(lines: _Lines, idx: int) -> bool:
+    """Whether the exception printed at line `idx` closes a traceback that Python's unraisable hook
+    printed (sys.unraisablehook: "Exception ignored in: <object>", then the traceback): an exception
+    raised in a destructor or a finalizer, reported and ignored; the program carried on. An exception
+    whose outermost frame is a `__del__` is one even when the header was cut off: Python cannot
+    propagate it out of a destructor."""
+    for j in range(idx - 1, max(idx - FRAME_LOOKBACK, 0) - 1, -1):
+        line = lines.get(j)[:1024]
+        if _TRACEBACK_HEAD.search(line) is None:
+            continue
+        # The hook's header is the line before the traceback (or, with output of several processes
+        # interleaved, one of the few before it).
+        if any(_IGNORED_HEAD.search(lines.get(k)[:1024]) for k in range(max(j - 2, 0), j + 1)):
+            return True
+        for k in range(j + 1, idx):
+            frame = _FRAME.search(lines.get(k)[:1024])
+            if frame is not None:
+                return frame.group("func") == b"__del__"
+        return False
+    return False
 
 
 def _add_user_frame(f: Finding, lines: _Lines, idx: int) -> None:

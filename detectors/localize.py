@@ -9,7 +9,10 @@ torch elastic's `host : ...` block, syslog hostnames, Ray `ip=...`.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
+
+from udal.registry import device_patterns
 
 _RANK = [
     re.compile(r"^\s*\[(?:rank|default)(\d{1,6})\]:", re.ASCII),
@@ -17,13 +20,10 @@ _RANK = [
     re.compile(r"\[(?:PG [^\]]*?)?Rank (\d{1,6})\]", re.ASCII),
     re.compile(r"\brank\s*:\s*(\d{1,6})\b", re.ASCII),
 ]
-_DEVICE = [
-    re.compile(r"\bDevice:(\d{1,3})\b", re.ASCII),
-    re.compile(r"\((?:GPU|NPU|MLU) (\d{1,3});", re.ASCII),
-    re.compile(r"\b(?:GPU|NPU|MLU) (\d{1,3}) has a total capacity", re.ASCII),
-    re.compile(r"\b(?:cuda|npu|mlu):(\d{1,3})\b", re.ASCII),
-    re.compile(r"\bdeviceId=(\d{1,3})\b", re.ASCII),
-]
+# Between these two, the chips' own device patterns (udal.registry.device_patterns: "(GPU 0;",
+# "NPU 3 has a total capacity", "cuda:1", built from each plugin's words).
+_DEVICE_FIRST = [re.compile(r"\bDevice:(\d{1,3})\b", re.ASCII)]
+_DEVICE_LAST = [re.compile(r"\bdeviceId=(\d{1,3})\b", re.ASCII)]
 _NCCL_PREFIX = re.compile(r"^(?:\S+\s+)?([A-Za-z0-9][A-Za-z0-9._-]*):\d+:\d+ \[(\d{1,3})\] ", re.ASCII)
 _NODE = [
     # syslog: "Mar 27 17:40:36 gpu-node-3 kernel: ..."
@@ -42,7 +42,7 @@ class Location:
     rank: int | None = None
 
 
-def _first(patterns: list[re.Pattern[str]], text: str) -> str | None:
+def _first(patterns: Sequence[re.Pattern[str]], text: str) -> str | None:
     for p in patterns:
         m = p.search(text)
         if m:
@@ -58,7 +58,7 @@ def localize(text: str, groups: dict[str, str]) -> Location:
     if node is None:
         node = nccl.group(1) if nccl else _first(_NODE, text)
     if device is None:
-        device = _first(_DEVICE, text)
+        device = _first(_DEVICE_FIRST, text) or _first(device_patterns(), text) or _first(_DEVICE_LAST, text)
         if device is None and nccl:
             device = nccl.group(2)
         if device is None and groups.get("pci"):

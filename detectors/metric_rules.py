@@ -47,7 +47,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
 from typing import Protocol
 
@@ -90,9 +90,6 @@ class MetricRule:
     severity: Severity
     action: Action
     message: I18nText
-    # Catalog rows, per chip name, whose vendor bucket and action apply to this condition (the first
-    # found wins): a rising DBE counter on an NVIDIA GPU is the event Xid 48 reports.
-    catalog_codes: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 RULES: tuple[MetricRule, ...] = (
@@ -108,7 +105,6 @@ RULES: tuple[MetricRule, ...] = (
             en="Device {device} on node {node} reported Xid {value}.",
             zh="节点 {node} 的设备 {device} 报告 Xid {value}。",
         ),
-        catalog_codes={"cambricon": ("cndev:XID_ERROR",)},
     ),
     MetricRule(
         rule_id="metric.ecc_dbe",
@@ -124,7 +120,6 @@ RULES: tuple[MetricRule, ...] = (
             zh="节点 {node} 的设备 {device} 不可纠正（双比特）ECC 错误数从 {previous} 增至 {value}："
             "设备内存数据已损坏。请停止该设备上的作业，复位设备后再使用。",
         ),
-        catalog_codes={"nvidia": ("xid:48",), "cambricon": ("cndev:DBE_VIOLATION",)},
     ),
     MetricRule(
         rule_id="metric.row_remap_failure",
@@ -140,7 +135,6 @@ RULES: tuple[MetricRule, ...] = (
             zh="节点 {node} 的设备 {device} 内存行重映射失败：设备已无法自行修复内存。"
             "请复位设备；如再次出现请联系硬件支持。",
         ),
-        catalog_codes={"nvidia": ("xid:64",)},
     ),
     MetricRule(
         rule_id="metric.health",
@@ -167,7 +161,6 @@ RULES: tuple[MetricRule, ...] = (
             en="Link {link} of device {device} on node {node} went down; collective communication through it fails.",
             zh="节点 {node} 的设备 {device} 的链路 {link} 断开，经由该链路的集合通信将失败。",
         ),
-        catalog_codes={"cambricon": ("cndev:MLULINK_DOWN",)},
     ),
     MetricRule(
         rule_id="metric.network_down",
@@ -337,7 +330,8 @@ class MetricRules:
         candidates: list[str] = []
         if rule.kind is Kind.NEW_VALUE:
             candidates.append(code)
-        candidates.extend(rule.catalog_codes.get(plugin.name, ()))
+        # The chip's catalog rows for this metric turning bad (ChipPlugin.metric_codes).
+        candidates.extend(plugin.metric_codes.get(rule.metric, ()))
         error_code = error_codes.get(sample.device) if rule.metric == "health" else None
         if error_code is not None and error_code > 0:
             hex_code = f"0x{int(error_code):08X}"

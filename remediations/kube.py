@@ -27,7 +27,8 @@ Errors carry their retry semantics, as kopf's do (STYLE.md):
     |                           jitter up to `attempts`, then raised with the delay to wait
     +-- ConflictError           409: somebody else wrote first (re-read and re-apply)
 
-Threads: the official client is synchronous; every call runs through `asyncio.to_thread` with a
+Threads: the official client is synchronous; every call runs in a thread of KubeOps' own executor
+(as many threads as the connection pool has connections, `pool_maxsize`) with a
 (connect, read) timeout, so a hung API server costs a bounded wait, never a blocked event loop.
 KubeOps makes its own ApiClient from the caller's configuration, without urllib3's hidden retries
 (which would sleep out a Retry-After inside the thread); backoff waits are `asyncio.sleep` on the
@@ -40,7 +41,9 @@ without failing on a field the client's models do not know.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
+import contextvars
 import copy
 import http.client
 import json
@@ -483,6 +486,12 @@ class KubeOps:
         if not 0.0 <= jitter <= 1.0:
             raise ValueError("jitter is a fraction of the delay, from 0 to 1")
         self.api = own_client(api_client, pool_maxsize)
+        # The blocking client's calls run in threads of their own, as many as the pool has
+        # connections: in the loop's default executor (`min(32, CPUs + 4)`, 6 on 2 cores, shared with
+        # SQLite and scene writes) incidents handled at once would wait for a thread, not the API.
+        self._threads = concurrent.futures.ThreadPoolExecutor(
+            max_workers=max(pool_maxsize or 0, 4), thread_name_prefix="trainmedic-kube"
+        )
         self.attempts = attempts
         self.base_delay = base_delay
         self.max_delay = max_delay
@@ -497,8 +506,15 @@ class KubeOps:
         self.custom = kclient.CustomObjectsApi(self.api)
 
     def close(self) -> None:
-        """Close the connection pool of the client this object made (the caller's is left alone)."""
+        """Close the connection pool of the client this object made (the caller's is left alone) and
+        its threads (calls in flight finish first)."""
         self.api.close()
+        self._threads.shutdown(wait=False, cancel_futures=True)
+
+    async def _in_thread(self, run: Callable[[], T]) -> T:
+        """`run()` in one of this client's threads (context variables carried, as `to_thread` does)."""
+        ctx = contextvars.copy_context()
+        return await asyncio.get_running_loop().run_in_executor(self._threads, ctx.run, run)
 
     # -- the retrying call -------------------------------------------------------------------------
 
@@ -514,7 +530,7 @@ class KubeOps:
         while True:
             attempt += 1
             try:
-                return await asyncio.to_thread(run)
+                return await self._in_thread(run)
             except Exception as exc:
                 err = classify(exc, what, retry_after_max=self.retry_after_max)
                 if err is None:

@@ -71,6 +71,7 @@ from trainmedic.errors import TrainmedicError
 from trainmedic.events import DiagnosisEvent
 from trainmedic.models import Finding, Source
 from trainmedic.timefmt import rfc3339
+from udal.registry import env_prefixes, visible_devices_envs
 
 _hs = hsdb.hs
 
@@ -163,16 +164,14 @@ ENV_ALLOW_NAMES = (
     "NODE_RANK",
     "GROUP_RANK",
     "NPROC_PER_NODE",
-    "CUDA_VISIBLE_DEVICES",
-    "ASCEND_VISIBLE_DEVICES",
-    "ASCEND_RT_VISIBLE_DEVICES",
-    "MLU_VISIBLE_DEVICES",
     "OMP_NUM_THREADS",
     "PYTHONUNBUFFERED",
     "TRAINMEDIC_RESUME_FROM",
     "TRAINMEDIC_RESUME_STEP",
 )
-ENV_ALLOW_PREFIXES = ("NCCL_", "HCCL_", "CNCL_", "TORCH_", "PYTORCH_")
+ENV_ALLOW_PREFIXES = ("TORCH_", "PYTORCH_")
+# Beside these, every chip plugin's visible-devices variables (CUDA_VISIBLE_DEVICES, ...) and
+# collective-library prefixes (NCCL_, HCCL_, CNCL_, ...) are kept (SceneSettings' defaults).
 # A name on the allowlist is still redacted when it looks like a credential (TORCH_HUB_TOKEN).
 _SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSW|CREDENTIAL|AUTH|(?:^|_)KEY(?:$|_)", re.IGNORECASE)
 DROPPED_ANNOTATIONS = ("kubectl.kubernetes.io/last-applied-configuration",)
@@ -207,8 +206,8 @@ class SceneSettings:
     stack_timeout_s: float = 20.0
     # fsync files and directories before the bundle is renamed into place (survives a power loss).
     durable: bool = True
-    env_allow_names: tuple[str, ...] = ENV_ALLOW_NAMES
-    env_allow_prefixes: tuple[str, ...] = ENV_ALLOW_PREFIXES
+    env_allow_names: tuple[str, ...] = field(default_factory=lambda: (*ENV_ALLOW_NAMES, *visible_devices_envs()))
+    env_allow_prefixes: tuple[str, ...] = field(default_factory=lambda: (*env_prefixes(), *ENV_ALLOW_PREFIXES))
 
     def limits(self) -> dict[str, object]:
         out = asdict(self)
@@ -474,6 +473,12 @@ def _line_range(data: bytes, end: int) -> tuple[int, int]:
 @cache
 def _redactor(use_hyperscan: bool = True) -> _Redactor:
     return _Redactor(use_hyperscan=use_hyperscan)
+
+
+def warm_redactor() -> None:
+    """Build the redactor now (its regexes and Hyperscan database: a few hundred ms): callers on an
+    event loop run this in a thread at start, so the first scene does not build it on the loop."""
+    _redactor()
 
 
 def redact_text(text: str) -> tuple[str, int]:

@@ -177,6 +177,24 @@ async def test_the_dedup_ring_is_capped(dedup_size: int, events: int, held: int)
     await task
 
 
+@pytest.mark.parametrize("events", [1, 30, 300])
+async def test_the_embedded_bus_needs_no_dedup_ring(events: int) -> None:
+    """The `--role all` bus (replays=False) delivers each record to the brain once: nothing is
+    remembered per event, however many come, and every event is still read."""
+    bus = MemoryBus(partitions=2, replays=False)
+    brain = _brain(bus, dedup_size=100)
+    task, stop = await _start(brain)
+    cluster = Cluster(bus, brain.clock)
+    job = JobRef(namespace="train", name="chatty")
+    for s in range(events):
+        await cluster.send(Topic.LOGS, _logs(job, 0, [f"[rank0]: step {s} loss 2.0"]))
+    await asyncio.sleep(2)
+    assert brain.processed == events
+    assert brain.state_sizes()["brain_dedup"] == 0
+    stop.set()
+    await task
+
+
 @pytest.mark.parametrize(
     "kind",
     [

@@ -275,7 +275,51 @@ def test_chip_plugin_example_registers_and_works(acme: str) -> None:
     assert plugin.visible_devices({"ACME_VISIBLE_DEVICES": "0,2"}) == [0, 2]
 
 
-def test_chip_catalog_example_is_validated(tmp_path: Path) -> None:
+def test_chip_plugin_example_is_a_chip_of_its_own(acme: str) -> None:
+    from agent.bus.memory import MemoryBus
+    from agent.watchers.k8s import node_status
+    from agent.watchers.metrics import PrometheusSource
+    from trainmedic.models import Chip
+    from udal import registry
+
+    assert Chip(acme) == "acme" and registry.get_plugin(acme).chip == "acme"
+    node = {"metadata": {"name": "a-1", "labels": {}}, "status": {"capacity": {"acme.example/npu": "8"}}}
+    status = node_status(node)
+    assert (status.chip, status.accelerators) == ("acme", {"acme.example/npu": 8})
+    source = PrometheusSource("http://x.invalid", bus=MemoryBus(), client=_NoClient())
+    assert "acme_npu_hbm_ecc_uncorrected_total" in source.query
+
+
+class _NoClient:
+    def custom_query(self, query: str, params: dict[str, Any] | None = None) -> Any:
+        return []
+
+    def custom_query_range(self, query: str, start_time: Any, end_time: Any, step: str, params: Any = None) -> Any:
+        return []
+
+
+def test_chip_rule_example_diagnoses_under_the_chips_name(acme: str, tmp_path: Path) -> None:
+    from detectors.diagnose import diagnose_text
+    from detectors.engine import Engine
+    from detectors.loader import load_rules
+    from trainmedic.models import Action
+
+    site = tmp_path / "site-rules"
+    site.mkdir()
+    (site / "acme.yaml").write_text(example(DOCS / "chips.md", "chip-rule"), encoding="utf-8")
+    engine = Engine(load_rules([site], include_shipped=False).rules, fast=False)
+    rc = diagnose_text("AcmeError: HBM uncorrectable ECC error on NPU 3, code 17\n", engine).root_cause
+    assert rc is not None
+    assert (rc.chip.value, rc.code, rc.vendor_action, rc.action, rc.device) == (
+        "acme",
+        "acme:17",
+        "ISOLATE",
+        Action.ISOLATE_NODE,
+        "3",
+    )
+
+
+def test_chip_catalog_example_is_validated(acme: str, tmp_path: Path) -> None:
     from udal.base import CatalogError, load_catalog_text
 
     text = example(DOCS / "chips.md", "chip-catalog")

@@ -45,6 +45,73 @@ def test_the_first_observed_failure_names_the_rank(path: str, fast_engine: Engin
     assert (rc.rank, rc.node) == (1, "gpu-node-1")
 
 
+TEARDOWN = """torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+train.py FAILED
+------------------------------------------------------------
+Failures:
+[1]:
+  time      : 2026-09-07_13:03:29
+  host      : node-a
+  rank      : 0 (local_rank: 0)
+  exitcode  : -9 (pid: 14689)
+  error_file: <N/A>
+  traceback : Signal 9 (SIGKILL) received by PID 14689
+[2]:
+  time      : 2026-09-07_13:03:29
+  host      : node-a
+  rank      : 2 (local_rank: 2)
+  exitcode  : -15 (pid: 14691)
+  error_file: <N/A>
+  traceback : Signal 15 (SIGTERM) received by PID 14691
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-09-07_13:02:58
+  host      : node-a
+  rank      : {first_rank} (local_rank: 1)
+  exitcode  : {first_exit} (pid: 14690)
+  error_file: <N/A>
+  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html
+============================================================
+"""
+
+
+@pytest.mark.parametrize(
+    ("first_exit", "expected", "code"),
+    [
+        # A rank exits 1 first; the launcher then SIGTERMs the survivors and SIGKILLs the one that
+        # outlived the grace period: the kills are its teardown, the job failed of rank 1's exit.
+        pytest.param("1", FaultClass.UNKNOWN, "exit_1", id="exit-1-first"),
+        pytest.param("2", FaultClass.UNKNOWN, "exit_2", id="exit-2-first"),
+        # The first failure is itself a kill: a kill from outside, never read as teardown.
+        pytest.param("-9", FaultClass.PROCESS_KILLED, "sigkill", id="kill-first"),
+    ],
+)
+@pytest.mark.parametrize("path", ["fast", "re"])
+def test_the_launchers_teardown_kills_are_not_the_cause(
+    first_exit: str, expected: FaultClass, code: str, path: str, fast_engine: Engine, re_engine: Engine
+) -> None:
+    text = TEARDOWN.format(first_rank=1, first_exit=first_exit)
+    rc = diagnose_text(text, fast_engine if path == "fast" else re_engine).root_cause
+    assert rc is not None
+    assert (rc.fault_class, rc.code, rc.rank) == (expected, code, 1)
+
+
+@pytest.mark.parametrize("path", ["fast", "re"])
+def test_kills_without_a_sigterm_to_survivors_stay_a_cause(path: str, fast_engine: Engine, re_engine: Engine) -> None:
+    # No survivor was sent SIGTERM: nothing shows the launcher tearing the group down, so a rank
+    # SIGKILLed after another's exit 1 is still read as killed from outside.
+    text = (
+        TEARDOWN.format(first_rank=1, first_exit="1")
+        .replace("-15 (pid", "-9 (pid")
+        .replace("Signal 15 (SIGTERM)", "Signal 9 (SIGKILL)")
+    )
+    rc = diagnose_text(text, fast_engine if path == "fast" else re_engine).root_cause
+    assert rc is not None
+    assert rc.fault_class is FaultClass.PROCESS_KILLED
+
+
 def _write(root: Path, files: dict[str, str]) -> None:
     for name, text in files.items():
         p = root / name

@@ -61,6 +61,33 @@ def test_phase_decides_init_or_runtime(
     assert rc.fault_class is expected
 
 
+# A witness ("connection closed by peer", ranked below the peer's own failure in training) raised while
+# Horovod builds its gloo controller in hvd.init(); the process then aborts (terminate / SIGABRT).
+HOROVOD_INIT = """[0]<stderr>:  File "/usr/lib/python3/dist-packages/horovod/common/basics.py", line 60 in init
+[0]<stderr>:  File "/work/train.py", line 16 in <module>
+[0]<stderr>:terminate called after throwing an instance of 'gloo::IoException'
+[0]<stderr>:  what():  [/src/third_party/gloo/gloo/transport/tcp/pair.cc:572] Connection closed by peer [10.0.0.5]:53666
+[0]<stderr>:Fatal Python error: Aborted
+"""
+HOROVOD_TRAINING = HOROVOD_INIT.replace("line 60 in init", "line 90 in allreduce").replace(
+    'train.py", line 16 in <module>', 'train.py", line 80 in train_step'
+)
+
+
+@pytest.mark.parametrize("path", ["fast", "re"])
+def test_a_witness_in_init_is_an_init_failure_above_the_abort(
+    path: str, fast_engine: Engine, re_engine: Engine
+) -> None:
+    engine = fast_engine if path == "fast" else re_engine
+    rc = diagnose_text(HOROVOD_INIT, engine).root_cause
+    assert rc is not None
+    assert (rc.fault_class, rc.code) == (FaultClass.COMM_INIT, "peer_closed")
+    # The same lines in training: the witness keeps its low rank, the abort the process raised wins.
+    rc = diagnose_text(HOROVOD_TRAINING, engine).root_cause
+    assert rc is not None
+    assert rc.fault_class is FaultClass.APP_ERROR
+
+
 def test_runtime_marker_wins_on_the_same_line() -> None:
     markers = load_phase_markers()
     line = b"NCCL INFO ncclCommInitRank comm 0x1 rank 0 nranks 8 - Init COMPLETE"

@@ -126,3 +126,32 @@ def test_an_id_prefix_is_matched_literally(tmp_path: Path, prefix: str) -> None:
     assert store.get("a1b2c3d4").status is IncidentStatus.AWAITING_APPROVAL
     assert store.find("a1b2").id == "a1b2c3d4"  # type: ignore[union-attr]
     store.close()
+
+
+@pytest.mark.parametrize(
+    ("status", "action_state", "carried_on"),
+    [
+        (IncidentStatus.OPEN, None, False),
+        (IncidentStatus.OBSERVED, None, False),
+        (IncidentStatus.AWAITING_APPROVAL, ActionState.PLANNED, False),
+        (IncidentStatus.ACTING, ActionState.PLANNED, True),
+        (IncidentStatus.ACTING, ActionState.DELETING, True),
+        (IncidentStatus.BLOCKED, ActionState.CREATING, True),
+        (IncidentStatus.BLOCKED, ActionState.SKIPPED, False),
+        (IncidentStatus.RESOLVED, ActionState.DONE, False),
+    ],
+)
+def test_carrying_on_lists_the_incidents_whose_actions_go_on_not_the_open_ones(
+    tmp_path: Path, status: IncidentStatus, action_state: ActionState | None, carried_on: bool
+) -> None:
+    store = IncidentStore(tmp_path / "s.db")
+    _open(store, "inc-0001")
+    _open(store, "inc-open")  # open beside it: a restart's `unfinished` lists it, the poll does not
+    if action_state is not None:
+        store.set_plan("inc-0001", {"mode": "enforce"}, "enforce", [("quarantine_node", {})])
+        if action_state is not ActionState.PLANNED:
+            store.update_action("inc-0001", 0, action_state)
+    if status is not IncidentStatus.OPEN:
+        store.set_status("inc-0001", status)
+    assert [i.id for i in store.carrying_on()] == (["inc-0001"] if carried_on else [])
+    assert "inc-open" in [i.id for i in store.unfinished()]

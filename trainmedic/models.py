@@ -1,14 +1,20 @@
 """The shared vocabulary of trainmedic: fault classes, chips, actions, findings, diagnoses.
 
 This is the one leaf module every other package may import (see DESIGN.md, "Layout"). It imports
-nothing from the project. The string values are contracts: other tools read them from JSON.
+nothing from the project at import time (a chip name that is not built in is checked with the chip
+registry when it is met, see `Chip`). The string values are contracts: other tools read them from JSON.
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterator
 from enum import StrEnum
+from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, GetCoreSchemaHandler, GetJsonSchemaHandler
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import CoreSchema, core_schema
 
 
 class FaultClass(StrEnum):
@@ -32,11 +38,88 @@ class FaultClass(StrEnum):
     UNKNOWN = "unknown"
 
 
-class Chip(StrEnum):
-    NVIDIA = "nvidia"
-    ASCEND = "ascend"
-    CAMBRICON = "cambricon"
-    GENERIC = "generic"
+# What a chip's (a chip plugin's) name may look like.
+CHIP_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,39}$")
+
+
+class _ChipType(type):
+    def __iter__(cls) -> Iterator[Chip]:
+        """The built-in chips (the names the JSON contracts list); installed plugins may add more."""
+        return iter(BUILTIN_CHIPS)
+
+
+class Chip(str, metaclass=_ChipType):
+    """A chip's name: an open set, one name per chip plugin (udal/registry.py).
+
+    The built-in names are constants (`Chip.NVIDIA` ...), and `Chip("nvidia") is Chip.NVIDIA`. Any
+    other name must be the name of a chip plugin the registry knows (an installed `trainmedic.chips`
+    entry point, or one added with `udal.registry.register`); anything else is a ValueError, so a
+    rule, catalog, policy or hint that names an unknown chip is refused at load. The registry is
+    asked only for a name that is not built in (imported then, not by this leaf module at import).
+    """
+
+    __slots__ = ()
+
+    NVIDIA: ClassVar[Chip]
+    ASCEND: ClassVar[Chip]
+    CAMBRICON: ClassVar[Chip]
+    GENERIC: ClassVar[Chip]
+
+    def __new__(cls, name: object) -> Chip:
+        if isinstance(name, Chip):
+            return name
+        text = str(name)
+        known = _CHIPS.get(text)
+        if known is not None:
+            return known
+        if not CHIP_NAME.match(text):
+            raise ValueError(f"{text!r} is not a chip name (lower-case letters, digits, _ and -)")
+        from udal.registry import is_chip  # the registry imports this module: asked at run time
+
+        if not is_chip(text):
+            raise ValueError(f"{text!r} is not a chip: no chip plugin of that name is installed")
+        # Not interned: a plugin added at run time may go again (udal.registry.unregister).
+        return str.__new__(cls, text)
+
+    @classmethod
+    def _builtin(cls, name: str) -> Chip:
+        return _CHIPS.setdefault(name, str.__new__(cls, name))
+
+    @property
+    def value(self) -> str:
+        """The name as a plain string (what JSON carries)."""
+        return str.__str__(self)
+
+    def __repr__(self) -> str:
+        return f"Chip({str.__repr__(self)})"
+
+    def __str__(self) -> str:
+        return str.__str__(self)
+
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
+        return core_schema.no_info_after_validator_function(
+            cls,
+            core_schema.str_schema(),
+            serialization=core_schema.plain_serializer_function_ser_schema(str.__str__, when_used="json"),
+        )
+
+    @classmethod
+    def __get_pydantic_json_schema__(cls, schema: CoreSchema, handler: GetJsonSchemaHandler) -> JsonSchemaValue:
+        return {
+            "type": "string",
+            "title": "Chip",
+            "description": "A chip plugin's name: nvidia, ascend, cambricon, generic, or an installed plugin's.",
+            "examples": [c.value for c in BUILTIN_CHIPS],
+        }
+
+
+_CHIPS: dict[str, Chip] = {}
+Chip.NVIDIA = Chip._builtin("nvidia")
+Chip.ASCEND = Chip._builtin("ascend")
+Chip.CAMBRICON = Chip._builtin("cambricon")
+Chip.GENERIC = Chip._builtin("generic")
+BUILTIN_CHIPS: tuple[Chip, ...] = (Chip.NVIDIA, Chip.ASCEND, Chip.CAMBRICON, Chip.GENERIC)
 
 
 class Action(StrEnum):

@@ -13,7 +13,7 @@ import functools
 import re
 from collections.abc import Mapping
 
-from trainmedic.models import Action, Chip
+from trainmedic.models import Action
 from udal.base import ChipPlugin, load_package_catalogs, pci_vendor_present
 
 # MindCluster fault level -> normalized action (also the action_map of ascend_catalog.yaml).
@@ -48,7 +48,6 @@ def _acl_names(files: tuple[str, ...]) -> dict[str, str]:
 
 
 class AscendPlugin(ChipPlugin):
-    chip = Chip.ASCEND
     name = "ascend"
     # MindCluster Ascend Device Plugin extended resources.
     resource_names = (
@@ -56,11 +55,17 @@ class AscendPlugin(ChipPlugin):
         "huawei.com/Ascend310P",
         "huawei.com/Ascend310",
     )
+    # Every huawei.com/Ascend* resource (vNPU templates such as huawei.com/Ascend910-4c).
+    resource_prefixes = ("huawei.com/Ascend",)
     # MindCluster node labels: accelerator=huawei-Ascend910, node.kubernetes.io/npu.chip.name=910B3,
     # servertype=Ascend910B-20, accelerator-type=module-910b-8.
     node_label_keys = ("accelerator", "node.kubernetes.io/npu.chip.name", "servertype", "accelerator-type")
     visible_devices_env = "ASCEND_RT_VISIBLE_DEVICES"
     visible_devices_env_fallbacks = ("ASCEND_VISIBLE_DEVICES",)
+    env_prefixes = ("HCCL_",)
+    # torch_npu: "NPU out of memory. ... (NPU 0; 60.97 GiB total capacity ...)", devices "npu:0".
+    log_device_words = ("NPU",)
+    device_types = ("npu",)
     # MindCluster NPU Exporter (github.com/Ascend/ascend-npu-exporter, collector/npu_collector.go, and
     # the MindCluster "Prometheus Metrics" API page). Chip series carry the labels id (physical chip
     # id), model_name, vdie_id, pcie_bus_info, namespace, pod_name, container_name; none names the
@@ -89,6 +94,7 @@ class AscendPlugin(ChipPlugin):
         "npu_chip_info_network_status": "network_status",
         "npu_chip_info_error_code": "error_code",
     }
+    exporter_device_labels = ("id",)
     frameworks: Mapping[str, str] = {
         "pytorch": "torch_npu (Ascend Extension for PyTorch), HCCL backend",
         "mindspore": "MindSpore (Ascend)",

@@ -88,7 +88,7 @@ CORE_METRICS: frozenset[str] = frozenset(
     }
 )
 
-# Generic node label naming the chip (value = a Chip value), understood by every plugin.
+# Generic node label naming the chip (value = a chip plugin's name), understood by every plugin.
 GENERIC_CHIP_LABEL = "ai.accelerator/chip-type"
 
 
@@ -328,18 +328,42 @@ class ChipPlugin(abc.ABC):
     Subclasses set the class attributes and `catalog_file`; the catalog is loaded lazily once.
     """
 
-    chip: Chip
+    # The plugin's name is the chip's name (`Chip(name)`, the `chip` of its findings); the entry
+    # point must carry the same name. A plugin may report its findings as another chip by setting
+    # `chip` (the test suite's `fake` is a `generic` chip with a name of its own).
     name: str
+    # Kubernetes extended resources of the chip's device plugin: exact names, and prefixes (MIG
+    # profiles `nvidia.com/mig-<profile>`, Ascend vNPU templates): a node resource that is one of
+    # them counts as this chip's accelerators.
     resource_names: tuple[str, ...] = ()
+    resource_prefixes: tuple[str, ...] = ()
     node_label_keys: tuple[str, ...] = ()
     visible_devices_env: str = ""
     visible_devices_env_fallbacks: tuple[str, ...] = ()
+    # Environment variable prefixes of the chip's collective library (NCCL_, HCCL_, CNCL_): kept,
+    # with the visible-devices variables, in a scene's redacted copy of a pod's environment.
+    env_prefixes: tuple[str, ...] = ()
     metric_names: Mapping[str, str] = {}
+    # The labels that carry the device index on the exporter's series, first found wins (dcgm-exporter
+    # `gpu`); identity labels (`UUID`, `uuid`, `vdie_id`) are the source's chip-neutral fallback.
+    exporter_device_labels: tuple[str, ...] = ()
+    # Catalog rows whose vendor bucket and action apply when a unified metric turns bad (a rising
+    # `ecc_dbe` on an NVIDIA GPU is the event Xid 48 reports), first found wins.
+    metric_codes: Mapping[str, tuple[str, ...]] = {}
+    # How the chip's frameworks name a device in logs: the word before an index (PyTorch's OOM text
+    # "(GPU 0; ..." / "NPU 3 has a total capacity") and the device type before ":<index>" ("cuda:1").
+    log_device_words: tuple[str, ...] = ()
+    device_types: tuple[str, ...] = ()
     frameworks: Mapping[str, str] = {}
     action_map: Mapping[str, Action] = {}
     catalog_file: str = ""
     # Further catalog files of the same chip, merged with `catalog_file` (codes unique across them).
     extra_catalog_files: tuple[str, ...] = ()
+
+    @property
+    def chip(self) -> Chip:
+        """The chip its findings are reported as: its own name unless the class says another."""
+        return Chip(self.name)
 
     def catalog_files(self) -> tuple[str, ...]:
         return (self.catalog_file, *self.extra_catalog_files)
@@ -393,6 +417,11 @@ class ChipPlugin(abc.ABC):
 
     def unified_metric(self, vendor_metric: str) -> str | None:
         return self.metric_names.get(vendor_metric)
+
+    def exporter_labels_match(self, labels: Mapping[str, str]) -> bool:
+        """True when an alert's labels, copied from an exporter's series, say it is about this chip
+        (labels only that exporter sets); plugins override."""
+        return False
 
 
 @functools.cache

@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from trainmedic.models import Action, Chip
+from trainmedic.models import Action
 from udal.base import ChipPlugin, pci_vendor_present
 
 # Cambricon publishes no resolution bucket for these codes: no vendor bucket to normalize.
@@ -39,11 +39,16 @@ _PREFIX = "mlu_"
 
 
 class CambriconPlugin(ChipPlugin):
-    chip = Chip.CAMBRICON
     name = "cambricon"
     resource_names = ("cambricon.com/mlu",)
+    # Any resource whose name starts with cambricon.com/mlu counts as MLUs.
+    resource_prefixes = ("cambricon.com/mlu",)
     node_label_keys = ("cambricon.com/mlu.present", "cambricon.com/mlu.model")
     visible_devices_env = "MLU_VISIBLE_DEVICES"
+    env_prefixes = ("CNCL_",)
+    # torch_mlu: "MLU out of memory. ... (MLU 0; ...)", devices "mlu:0".
+    log_device_words = ("MLU",)
+    device_types = ("mlu",)
     metric_names: Mapping[str, str] = {
         _PREFIX + "utilization": "accelerator_utilization",
         _PREFIX + "memory_used": "accelerator_memory_used",
@@ -63,6 +68,12 @@ class CambriconPlugin(ChipPlugin):
         _PREFIX + "remapped_failed_rows": "row_remap_failure",
         _PREFIX + "remapped_pending_rows": "row_remap_pending",
         _PREFIX + "pcie_replay_count": "pcie_replay",
+    }
+    exporter_device_labels = ("mlu",)
+    metric_codes: Mapping[str, tuple[str, ...]] = {
+        "xid_errors": ("cndev:XID_ERROR",),
+        "ecc_dbe": ("cndev:DBE_VIOLATION",),
+        "link_status": ("cndev:MLULINK_DOWN",),
     }
     frameworks: Mapping[str, str] = {
         "pytorch": "torch_mlu (Cambricon PyTorch, formerly CATCH), CNCL backend",

@@ -21,6 +21,8 @@ ACTION_MAP: Mapping[str, Action] = {
 
 
 class FakePlugin(ChipPlugin):
+    # Its findings are reported as `generic`: a test double, not a chip of its own (so the Prometheus
+    # source, which reads every chip's exporter by default, does not query `fake_*` series).
     chip = Chip.GENERIC
     name = "fake"
     resource_names = ("trainmedic.io/fake-accelerator",)

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from trainmedic.models import Action, Chip
+from trainmedic.models import Action
 from udal.base import ChipPlugin
 
 
 class GenericPlugin(ChipPlugin):
-    chip = Chip.GENERIC
     name = "generic"
     resource_names = ()
     node_label_keys = ()

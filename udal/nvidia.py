@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from trainmedic.models import Action, Chip
+from trainmedic.models import Action
 from udal.base import ChipPlugin, pci_vendor_present
 
 # Vendor bucket (Xid catalog "Resolution Bucket (Immediate Action)") -> normalized action.
@@ -96,14 +96,20 @@ NCCL_RESULTS: dict[int, str] = {
 
 
 class NvidiaPlugin(ChipPlugin):
-    chip = Chip.NVIDIA
     name = "nvidia"
-    # NVIDIA k8s-device-plugin extended resource (MIG strategy "mixed" adds nvidia.com/mig-<profile>).
+    # NVIDIA k8s-device-plugin extended resource (MIG strategy "mixed" adds nvidia.com/mig-<profile>;
+    # time-slicing with renameByDefault advertises nvidia.com/gpu.shared).
     resource_names = ("nvidia.com/gpu",)
+    resource_prefixes = ("nvidia.com/gpu", "nvidia.com/mig-")
     # GPU Feature Discovery labels.
     node_label_keys = ("nvidia.com/gpu.present", "nvidia.com/gpu.product", "nvidia.com/gpu.count")
     visible_devices_env = "CUDA_VISIBLE_DEVICES"
     visible_devices_env_fallbacks = ("NVIDIA_VISIBLE_DEVICES",)
+    env_prefixes = ("NCCL_",)
+    # PyTorch: "CUDA out of memory. ... (GPU 0; 79.35 GiB total capacity ...)", "GPU 3 has a total
+    # capacity of ...", devices "cuda:1".
+    log_device_words = ("GPU",)
+    device_types = ("cuda",)
     # dcgm-exporter (github.com/NVIDIA/dcgm-exporter, etc/default-counters.csv): the exporter names each
     # series after its DCGM field and labels it gpu (index), UUID, device (nvidia<N>), modelName,
     # Hostname (NODE_NAME when set), plus namespace/pod/container when it maps GPUs to pods.
@@ -134,6 +140,10 @@ class NvidiaPlugin(ChipPlugin):
         "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL": "link_bandwidth",
         "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL": "link_errors",
     }
+    exporter_device_labels = ("gpu",)
+    # Xid 48: "DBE (Double Bit Error) ECC Error"; Xid 64: "ECC page retirement or row remapper
+    # recording failure".
+    metric_codes: Mapping[str, tuple[str, ...]] = {"ecc_dbe": ("xid:48",), "row_remap_failure": ("xid:64",)}
     frameworks: Mapping[str, str] = {
         "pytorch": "torch (CUDA build), NCCL backend",
         "deepspeed": "DeepSpeed on torch (CUDA)",
@@ -167,6 +177,10 @@ class NvidiaPlugin(ChipPlugin):
             # ncclResult_t by number (NCCL's "file.cc:line -> N" trail), nccl.h order.
             return NCCL_RESULTS.get(int(text[5:]), text)
         return text
+
+    def exporter_labels_match(self, labels: Mapping[str, str]) -> bool:
+        """dcgm-exporter's labels: a `UUID` of an NVIDIA GPU (GPU-...) or an NVIDIA `modelName`."""
+        return labels.get("UUID", "").startswith("GPU-") or "nvidia" in labels.get("modelName", "").lower()
 
     def detect_vendor(self, labels: Mapping[str, str]) -> bool:
         if labels.get("nvidia.com/gpu.present", "").strip().lower() == "true":

@@ -11,7 +11,9 @@ Bounded by design (the embedded default runs for weeks):
   `trainmedic_bus_backpressure_total`) rather than grow; one record larger than the whole budget
   still passes when nothing else is waiting, so nothing is refused for its size alone;
 - a topic nobody reads keeps only the newest `orphan_records` records and `orphan_bytes` bytes
-  (Kafka's retention in miniature): `trainmedic.incidents` in a brain with no reader of it.
+  (Kafka's retention in miniature): `trainmedic.findings`, `trainmedic.incidents` and the DLQ in
+  one process, where nobody joins later to read them. The budget is small on purpose: at 10,000
+  records / 16 MB a topic, filling it was most of the embedded bus's memory growth under load.
 `stats()` says what is held, per topic, for the gauges (`trainmedic_bus_backlog_records`,
 `trainmedic_bus_backlog_bytes`).
 """
@@ -67,8 +69,8 @@ class MemoryBus(Bus):
         partitions: int = 4,
         max_backlog: int = 200_000,
         max_backlog_bytes: int = 256 << 20,
-        orphan_records: int = 10_000,
-        orphan_bytes: int = 16 << 20,
+        orphan_records: int = 1_000,
+        orphan_bytes: int = 1 << 20,
         telemetry: Telemetry | None = None,
         replays: bool = True,
     ) -> None:

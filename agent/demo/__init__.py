@@ -13,6 +13,8 @@ to a local receiver, and the report is written.
     logs       the lines the jobs and nodes print
     receiver   the local webhook receiver
     emulator   the API server (kmock) and the kubelet stand-in (also the tests' emulated cluster)
+    plane      a real control plane on loopback (what `make cluster` builds; also the tests')
+    realplane  `--cluster real`: the xid and node-lost faults on that plane
 
 kmock (and the aiohttp it brings) is needed at run time: the `demo` extra. Nothing is imported
 here, so the emulator can be used without loading the rest.

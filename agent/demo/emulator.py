@@ -622,7 +622,6 @@ class Cluster:
                     "spec": {"restartPolicy": "Never", "containers": [self._container_spec(c) for c in containers]}
                 },
             },
-            "status": {},
         }
         return await self.create(JOB, body)
 
@@ -689,9 +688,11 @@ class Cluster:
                     for t, n in tasks.items()
                 ],
             },
-            "status": {"state": {"phase": "Pending"}},
         }
-        return await self.create(VOLCANO_JOB, body)
+        # The CRD has a status subresource: the API server drops a status sent with the create. The
+        # job controller's first sync writes it (Pending) through the subresource.
+        await self.create(VOLCANO_JOB, body)
+        return await self.patch(VOLCANO_JOB, namespace, name, {"status": {"state": {"phase": "Pending"}}}, sub="status")
 
     async def create_volcano_pods(
         self, vcjob: Mapping[str, Any], *, pytorch_plugin: bool = True, from_template: bool = False
@@ -770,22 +771,27 @@ class Cluster:
             "kind": "PyTorchJob",
             "metadata": self._meta(name, namespace),
             "spec": {"pytorchReplicaSpecs": specs},
-            "status": {
-                "conditions": [
-                    {
-                        "type": "Created",
-                        "status": "True",
-                        "reason": "PyTorchJobCreated",
-                        "lastTransitionTime": rfc3339(),
-                    }
-                ]
-            },
         }
-        return await self.create(PYTORCH_JOB, body)
+        # The CRD has a status subresource: the API server drops a status sent with the create. The
+        # training-operator writes the Created condition through the subresource.
+        await self.create(PYTORCH_JOB, body)
+        now = rfc3339()
+        created_condition = {
+            "type": "Created",
+            "status": "True",
+            "reason": "PyTorchJobCreated",
+            "message": f"PyTorchJob {name} is created.",
+            "lastUpdateTime": now,
+            "lastTransitionTime": now,
+        }
+        return await self.patch(
+            PYTORCH_JOB, namespace, name, {"status": {"conditions": [created_condition]}}, sub="status"
+        )
 
     async def create_pytorchjob_pods(self, pj: Mapping[str, Any], *, rank_env: bool = True) -> list[dict[str, Any]]:
         """The pods the training-operator creates (`<job>-master-0`, `<job>-worker-<i>`), with its labels
-        and, unless elastic, MASTER_ADDR / WORLD_SIZE / RANK env (workers: index + 1 with a master)."""
+        and env: PYTHONUNBUFFERED, and with `rank_env` MASTER_ADDR / MASTER_PORT / WORLD_SIZE / RANK and
+        their PET_* twins, PET_NNODES (workers: index + 1 with a master); without it, labels only."""
         meta, specs = pj["metadata"], pj["spec"]["pytorchReplicaSpecs"]
         jname, ns = meta["name"], meta["namespace"]
         world = sum(int(s["replicas"]) for s in specs.values())
@@ -802,16 +808,26 @@ class Cluster:
                 }
                 if lower == "master":
                     labels["training.kubeflow.org/job-role"] = "master"
-                env = None
+                # As training-operator v1.8.1 (pkg/controller.v1/pytorch/envvar.go `setPodEnv`, nprocPerNode
+                # "auto": 1) writes it into every container: PYTHONUNBUFFERED always; with a Master, its
+                # address and port and the rank (plain and PET_ for torchrun); PET_NNODES unless elastic.
+                env = {"PYTHONUNBUFFERED": "1"}
                 if rank_env:
                     rank = i + 1 if lower == "worker" and has_master else i
-                    env = {
-                        "MASTER_ADDR": f"{jname}-master-0",
-                        "MASTER_PORT": "23456",
-                        "WORLD_SIZE": str(world),
-                        "RANK": str(rank),
-                        "PYTHONUNBUFFERED": "1",
-                    }
+                    master = f"{jname}-master-0"
+                    if has_master:
+                        env.update(
+                            {
+                                "MASTER_PORT": "23456",
+                                "PET_MASTER_PORT": "23456",
+                                "MASTER_ADDR": master,
+                                "PET_MASTER_ADDR": master,
+                                "WORLD_SIZE": str(world),
+                                "RANK": str(rank),
+                                "PET_NODE_RANK": str(rank),
+                            }
+                        )
+                    env["PET_NNODES"] = str(world)
                 pods.append(
                     await self.create_pod(
                         ns,

@@ -30,6 +30,22 @@ TEXTS: dict[str, tuple[str, str]] = {
         "集群：{gpu} 个 NVIDIA 节点（每个 8× nvidia.com/gpu），{npu} 个昇腾节点（每个 8× huawei.com/Ascend910"
         "）；agent：监听器、内存总线、检测器、响应器",
     ),
+    "real_title": (
+        "trainmedic demo: {n} fault(s) on a real Kubernetes control plane (KWOK nodes), agent in enforce mode",
+        "trainmedic 演示：在真实 Kubernetes 控制面（KWOK 节点）上注入 {n} 个故障，agent 处于 enforce（自动处置）模式",
+    ),
+    "real_starting": (
+        "starting the real control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler, KWOK)"
+        " from {bin}",
+        "正在启动真实控制面（etcd、kube-apiserver、kube-controller-manager、kube-scheduler、KWOK），二进制目录 {bin}",
+    ),
+    "real_started": ("control plane up in {seconds} s at {url}", "控制面已启动（{seconds} 秒），地址 {url}"),
+    "real_cluster": (
+        "cluster: real control plane ({version}), {n} KWOK nodes (8x nvidia.com/gpu); agent: cluster role and"
+        " brain with their deploy/ ServiceAccounts and RBAC, memory bus",
+        "集群：真实控制面（{version}），{n} 个 KWOK 节点（每个 8× nvidia.com/gpu）；agent：cluster 角色与 brain，"
+        "使用 deploy/ 中的 ServiceAccount 与 RBAC，内存总线",
+    ),
     "webhook_sink": ("webhooks: CloudEvents to {url}", "Webhook：以 CloudEvents 发送到 {url}"),
     "no_notify": ("webhooks: not available in this build ({why})", "Webhook：当前版本不可用（{why}）"),
     "job_running": ("job {job} running on {nodes}", "作业 {job} 运行在 {nodes}"),

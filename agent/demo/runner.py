@@ -22,10 +22,12 @@ from agent.demo.scenario import FAULTS, FaultResult, Inspect, run_fault
 from trainmedic.errors import TrainmedicError
 
 __all__ = [
+    "CLUSTERS",
     "EXIT_FAILED",
     "EXIT_OK",
     "EXIT_UNUSABLE",
     "FAULTS",
+    "REAL_FAULTS",
     "DemoOutcome",
     "DemoUnavailable",
     "fresh_dir",
@@ -57,14 +59,27 @@ class DemoOutcome:
         return EXIT_OK if self.ok else EXIT_FAILED
 
 
-def parse_faults(value: str) -> list[str]:
-    """`all`, one fault, or a comma list; ValueError names the unknown ones."""
+CLUSTERS = ("emulator", "real")
+# The faults `--cluster real` runs (agent/demo/realplane.py); the others need the emulator's
+# training processes (exit codes, hangs, HCCL links) that KWOK's pods do not have.
+REAL_FAULTS = ("xid", "node-lost")
+
+
+def parse_faults(value: str, cluster: str = "emulator") -> list[str]:
+    """`all`, one fault, or a comma list; ValueError names the unknown ones (and, on the real
+    plane, the ones it does not run)."""
+    known = REAL_FAULTS if cluster == "real" else FAULTS
     names = [v.strip() for v in value.split(",") if v.strip()]
     if not names or names == ["all"]:
-        return list(FAULTS)
+        return list(known)
     unknown = [n for n in names if n not in FAULTS]
     if unknown:
         raise ValueError(f"unknown fault(s) {', '.join(unknown)}; choose from {', '.join(FAULTS)} or all")
+    other = [n for n in names if n not in known]
+    if other:
+        raise ValueError(
+            f"--cluster real runs {', '.join(known)} (or all); {', '.join(other)} run on the emulated cluster only"
+        )
     return names
 
 
@@ -77,15 +92,22 @@ async def run_demo(
     out: TextIO | None = None,
     timeout_s: float = 45.0,
     inspect: Inspect | None = None,
+    cluster: str = "emulator",
 ) -> DemoOutcome:
     """Run the faults one after another (each on a fresh cluster and agent) and return their results.
-    Progress lines (or, with `json_lines`, one JSON object per fault) go to `out` (stdout)."""
+    Progress lines (or, with `json_lines`, one JSON object per fault) go to `out` (stdout). With
+    `cluster="real"`, on one real control plane for the run (agent/demo/realplane.py)."""
     from agent.demo.emulator import kmock_available
     from agent.demo.receiver import WebhookReceiver
 
-    unknown = [f for f in faults if f not in FAULTS]
+    if cluster not in CLUSTERS:
+        raise ValueError(f"unknown cluster {cluster!r}; choose from {', '.join(CLUSTERS)}")
+    known = REAL_FAULTS if cluster == "real" else FAULTS
+    unknown = [f for f in faults if f not in known]
     if unknown:
         raise ValueError(f"unknown fault(s) {', '.join(unknown)}")
+    if cluster == "real":
+        return await _run_real(faults, workdir=workdir, lang=lang, json_lines=json_lines, out=out, timeout_s=timeout_s)
     if not kmock_available():
         raise DemoUnavailable("the demo needs kmock, the Kubernetes API emulator: pip install 'trainmedic[demo]'")
     stream = out if out is not None else sys.stdout
@@ -110,6 +132,49 @@ async def run_demo(
                 stream.write(json.dumps(result.as_json(), ensure_ascii=False) + "\n")
                 stream.flush()
     finally:
+        await receiver.stop()
+    if not json_lines:
+        _summary(outcome, progress)
+    return outcome
+
+
+async def _run_real(
+    faults: Sequence[str], *, workdir: Path | None, lang: Lang, json_lines: bool, out: TextIO | None, timeout_s: float
+) -> DemoOutcome:
+    from agent.demo.realplane import RealPlaneDemo, RealPlaneUnavailable, run_real_fault, unavailable_reason
+    from agent.demo.receiver import WebhookReceiver
+
+    reason = unavailable_reason()  # before anything is made: a clear refusal, nothing left behind
+    if reason is not None:
+        raise DemoUnavailable(reason[1] if lang == "zh" else reason[0])
+    stream = out if out is not None else sys.stdout
+    root = workdir if workdir is not None else Path(tempfile.mkdtemp(prefix="trainmedic-demo-real-"))
+    root.mkdir(parents=True, exist_ok=True)
+    progress = Progress(lang, quiet=json_lines, out=stream)
+    progress.plain("real_title", n=len(faults))
+    progress.plain("workdir", dir=root)
+    outcome = DemoOutcome(root)
+    try:
+        receiver = WebhookReceiver()
+        await receiver.start()
+    except OSError as e:
+        raise DemoUnavailable(f"cannot start the local webhook receiver: {e.strerror or e}") from e
+    demo = RealPlaneDemo(fresh_dir(root, "plane"), progress)
+    try:
+        try:
+            await demo.start()
+        except RealPlaneUnavailable as e:
+            raise DemoUnavailable(str(e)) from e
+        for fault in faults:
+            result = await run_real_fault(
+                demo, fault, fresh_dir(root, fault), progress, receiver=receiver, timeout_s=timeout_s
+            )
+            outcome.results.append(result)
+            if json_lines:
+                stream.write(json.dumps(result.as_json(), ensure_ascii=False) + "\n")
+                stream.flush()
+    finally:
+        await demo.stop()
         await receiver.stop()
     if not json_lines:
         _summary(outcome, progress)
@@ -154,11 +219,16 @@ def main(
     lang: Lang = "en",
     workdir: Path | None = None,
     verbose: bool = False,
-    timeout_s: float = 45.0,
+    timeout_s: float | None = None,
+    cluster: str = "emulator",
 ) -> int:
-    """Blocking entry point of `trainmedic demo`."""
+    """Blocking entry point of `trainmedic demo` (`cluster`: emulator or real)."""
+    if timeout_s is None:
+        timeout_s = 240.0 if cluster == "real" else 45.0
     try:
-        names = parse_faults(faults)
+        if cluster not in CLUSTERS:
+            raise ValueError(f"unknown cluster {cluster!r}; choose from {', '.join(CLUSTERS)}")
+        names = parse_faults(faults, cluster)
     except ValueError as e:
         print(f"trainmedic: demo: {e}", file=sys.stderr)
         return EXIT_UNUSABLE
@@ -175,7 +245,9 @@ def main(
     else:
         logger.setLevel(logging.CRITICAL)
     try:
-        outcome = asyncio.run(run_demo(names, workdir=workdir, lang=lang, json_lines=json_lines, timeout_s=timeout_s))
+        outcome = asyncio.run(
+            run_demo(names, workdir=workdir, lang=lang, json_lines=json_lines, timeout_s=timeout_s, cluster=cluster)
+        )
     except DemoUnavailable as e:
         print(f"trainmedic: demo: {e}", file=sys.stderr)
         return EXIT_UNUSABLE

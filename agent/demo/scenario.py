@@ -559,7 +559,6 @@ def volcano_body(cluster: Cluster, sc: Scenario) -> dict[str, Any]:
                 {"name": "worker", "replicas": 1, "template": template()},
             ],
         },
-        "status": {"state": {"phase": "Pending"}},
     }
 
 
@@ -652,7 +651,7 @@ async def run_fault(
         log.debug("demo %s failed", fault, exc_info=True)
         result.problems.append(f"{type(e).__name__}: {e}")
     result.ok = not result.problems
-    _conclude(result, progress)
+    conclude(result, progress)
     return result
 
 
@@ -724,7 +723,7 @@ async def _run(
                 checked = [d.verified for d in got if d.verified is not None]
                 result.webhooks_verified = sum(1 for v in checked if v) if checked else None
                 progress.line("webhooks_total", n=len(got))
-            await _reports(dc, result)
+            await read_reports(store, progress, result)
             if inspect is not None:
                 inspect(dc, result)
         finally:
@@ -909,7 +908,7 @@ def _collect(dc: DemoCluster, sc: Scenario, watch: IncidentWatch, r: FaultResult
         r.problems.append("the job was restarted; the policy only notifies for this fault")
 
 
-async def _reports(dc: DemoCluster, r: FaultResult) -> None:
+async def read_reports(store: IncidentStore, progress: Progress, r: FaultResult) -> None:
     """The reports the responder wrote beside the scene when the incident settled (its timeline's
     `report` entry names the files); the demo only reads them back."""
     if r.incident_id is None:
@@ -918,25 +917,26 @@ async def _reports(dc: DemoCluster, r: FaultResult) -> None:
     with contextlib.suppress(TimeoutError):
         async with asyncio.timeout(10):
             while not files:
-                for e in await asyncio.to_thread(dc.store.timeline, r.incident_id):
+                for e in await asyncio.to_thread(store.timeline, r.incident_id):
                     if e["kind"] == "report":
                         files = [str(f) for f in (e.get("detail") or {}).get("files") or []]
                 if not files:
                     await asyncio.sleep(0.05)
     if not files:
         r.warnings.append("no report was written for the incident")
-        dc.progress.line("no_report", why="no report in the incident's timeline")
+        progress.line("no_report", why="no report in the incident's timeline")
         return
     # report.<lang>.<fmt> -> "<lang>.<fmt>", as write_reports names them.
     r.reports = {Path(f).name.removeprefix("report."): f for f in files}
     html = [k for k in r.reports if k.endswith(".html")]
-    pick = next((k for k in html if k.startswith(dc.progress.lang)), None) or (html[0] if html else None)
+    pick = next((k for k in html if k.startswith(progress.lang)), None) or (html[0] if html else None)
     r.report_html = r.reports[pick] if pick is not None else None
     if r.report_html:
-        dc.progress.line("report", path=r.report_html)
+        progress.line("report", path=r.report_html)
 
 
-def _conclude(r: FaultResult, progress: Progress) -> None:
+def conclude(r: FaultResult, progress: Progress) -> None:
+    """The outcome line of a fault, and its warnings."""
     if not r.ok:
         progress.result("failed", problems="; ".join(r.problems))
     elif r.healed:

@@ -542,6 +542,9 @@ class Controllers:
             pods = await self.cluster.create_job_pods(inc.workload, from_template=True)
         else:
             pods = await self.cluster.create_volcano_pods(inc.workload, from_template=True)
+            # The status goes through the subresource (the API server drops one sent with the create).
+            with contextlib.suppress(KubeApiError):
+                await self.cluster.set_volcano_phase(inc.workload, "Pending", pending=len(pods))
         inc.pods = [RankPod(p, None, rank_of(p) or 0) for p in pods]
         self.world.emit("created", inc, pods=[p.name for p in inc.pods])
 
@@ -586,6 +589,9 @@ class Controllers:
             self.cluster.set_processes(rp.pod, rp.container, _processes(profile.framework if profile else "hf"))
             await self.cluster.start(rp.pod)
         inc.scheduled_at = time.time()
+        if inc.resource == VOLCANO_JOB:
+            with contextlib.suppress(KubeApiError):
+                await self.cluster.set_volcano_phase(inc.workload, "Running", running=len(inc.pods))
         self.world.emit("scheduled", inc, nodes=list(chosen))
         profile = self.world.profiles.get(inc.name)
         if profile is not None:

@@ -92,7 +92,7 @@ from trainmedic.events import (
 from trainmedic.models import Source
 from trainmedic.quantity import parse_quantity
 from trainmedic.timefmt import parse_rfc3339_ns
-from udal.registry import detect_chip, load_plugins
+from udal.registry import detect_chip, load_plugins, plugin_of_resource
 
 if TYPE_CHECKING:
     from detectors.diagnose import LogInput
@@ -628,24 +628,32 @@ def event_time(obj: Mapping[str, Any]) -> float | None:
     return None
 
 
-_ACCEL_PREFIXES = ("nvidia.com/gpu", "nvidia.com/mig-", "huawei.com/Ascend", "cambricon.com/mlu")
-_CHIP_BY_PREFIX = (("nvidia.com/", "nvidia"), ("huawei.com/Ascend", "ascend"), ("cambricon.com/mlu", "cambricon"))
-
-
-def is_accelerator_resource(name: str, plugin_resources: Mapping[str, str] | None = None) -> bool:
-    """A resource name of an accelerator: a vendor device plugin's (NVIDIA GPUs and MIG slices,
-    Huawei Ascend NPUs, Cambricon MLUs) or one a udal plugin declares."""
-    plugin_resources = _plugin_resources() if plugin_resources is None else plugin_resources
-    return name.startswith(_ACCEL_PREFIXES) or name in plugin_resources
-
-
 def _plugin_resources() -> dict[str, str]:
+    """Resource name -> chip for the chip plugins' exact `resource_names` (computed once by a watcher)."""
     out: dict[str, str] = {}
     with contextlib.suppress(Exception):  # a broken third-party plugin must not stop node watching
         for plugin in load_plugins().values():
             for res in plugin.resource_names:
                 out[res] = plugin.chip.value
     return out
+
+
+def _resource_chip(res: str, plugin_resources: Mapping[str, str]) -> str | None:
+    """The chip of an extended resource: `plugin_resources` first, else the chip plugin that claims
+    it by name or prefix (udal.registry.plugin_of_resource); None for any other resource."""
+    chip = plugin_resources.get(res)
+    if chip is None:
+        with contextlib.suppress(Exception):  # a broken third-party plugin must not stop node watching
+            plugin = plugin_of_resource(res)
+            chip = plugin.chip.value if plugin is not None else None
+    return chip
+
+
+def is_accelerator_resource(name: str, plugin_resources: Mapping[str, str] | None = None) -> bool:
+    """A resource name of an accelerator: one a chip plugin declares (its `resource_names` and
+    `resource_prefixes`: NVIDIA GPUs and MIG slices, Huawei Ascend NPUs, Cambricon MLUs, ...)."""
+    plugin_resources = _plugin_resources() if plugin_resources is None else plugin_resources
+    return _resource_chip(name, plugin_resources) is not None
 
 
 def _quantity(v: Any) -> int | None:
@@ -679,7 +687,7 @@ def node_status(obj: Mapping[str, Any], *, plugin_resources: Mapping[str, str] |
     capacity = _get(obj, "status", "capacity")
     if isinstance(capacity, Mapping):
         for res, qty in capacity.items():
-            if isinstance(res, str) and (res.startswith(_ACCEL_PREFIXES) or res in plugin_resources):
+            if isinstance(res, str) and _resource_chip(res, plugin_resources) is not None:
                 n = _quantity(qty)
                 if n is not None:
                     accelerators[res] = n
@@ -691,7 +699,7 @@ def node_status(obj: Mapping[str, Any], *, plugin_resources: Mapping[str, str] |
         for res, n in accelerators.items():
             if n <= 0:
                 continue
-            chip = plugin_resources.get(res) or next((c for p, c in _CHIP_BY_PREFIX if res.startswith(p)), None)
+            chip = _resource_chip(res, plugin_resources)
             if chip:
                 break
     return NodeStatus(

@@ -10,8 +10,9 @@ plugin (udal) onto the unified names and grouped by node and device:
   `Hostname`, `hostname` (mlu-exporter sets `node`, dcgm-exporter `Hostname`, Kubernetes service
   discovery relabelling usually `node` or `kubernetes_node`; npu-exporter sets none), else the host
   part of `instance`. Relabel the scrape job to add `node` where the exporter has no node label.
-* device: `gpu` (dcgm), `id` (npu), `mlu` (mlu), `minor_number`, else `UUID` / `uuid` / `vdie_id`;
-  a series with a `link` label is device `<device>/link<N>`.
+* device: the chip plugin's device-index labels (`exporter_device_labels`: dcgm-exporter `gpu`,
+  npu-exporter `id`, mlu-exporter `mlu`), else `minor_number`, else the identity labels `UUID` /
+  `uuid` / `vdie_id`; a series with a `link` label is device `<device>/link<N>`.
 
 One `MetricBatch` per (node, chip) goes to `trainmedic.metrics`: once per training job on that node
 (JobIndex.jobs_on_node), keyed by the job and with the same event id on every copy, or keyed by the
@@ -46,12 +47,13 @@ from trainmedic.errors import TemporaryError
 from trainmedic.events import Event, JobRef, MetricBatch, MetricSample, Topic, make_event
 from trainmedic.models import Chip
 from udal.base import ChipPlugin
-from udal.registry import load_plugins
+from udal.registry import exporter_device_labels, load_plugins
 
 log = logging.getLogger("trainmedic.watchers.metrics")
 
 NODE_LABELS: tuple[str, ...] = ("node", "kubernetes_node", "nodeName", "node_name", "Hostname", "hostname")
-DEVICE_LABELS: tuple[str, ...] = ("gpu", "id", "mlu", "minor_number", "UUID", "uuid", "vdie_id")
+# After the chip plugins' own device-index labels: chip-neutral and identity labels.
+FALLBACK_DEVICE_LABELS: tuple[str, ...] = ("minor_number", "UUID", "uuid", "vdie_id")
 LINK_LABELS: tuple[str, ...] = ("link",)
 # DCGM marks "no value" with blank sentinels near the int64 maximum (DCGM_INT64_BLANK and above).
 DCGM_BLANK = float(0x7FFFFFFFFFFFFFF0)
@@ -121,7 +123,16 @@ def node_of(labels: Mapping[str, str], node_labels: Sequence[str] = NODE_LABELS)
     return (host if sep and port.isdigit() else instance) or None
 
 
-def device_of(labels: Mapping[str, str], device_labels: Sequence[str] = DEVICE_LABELS) -> str | None:
+def default_device_labels(plugin: ChipPlugin | None = None) -> tuple[str, ...]:
+    """The labels naming a series' device, first found wins: the plugin's device-index labels (every
+    plugin's when none is given), then FALLBACK_DEVICE_LABELS."""
+    own = plugin.exporter_device_labels if plugin is not None else exporter_device_labels()
+    return tuple(dict.fromkeys((*own, *FALLBACK_DEVICE_LABELS)))
+
+
+def device_of(labels: Mapping[str, str], device_labels: Sequence[str] | None = None) -> str | None:
+    if device_labels is None:
+        device_labels = default_device_labels()
     device = next((labels[k] for k in device_labels if labels.get(k)), None)
     link = next((labels[k] for k in LINK_LABELS if labels.get(k)), None)
     if link is not None:
@@ -155,8 +166,9 @@ def chunked(samples: Sequence[MetricSample], size: int) -> Iterator[list[MetricS
 class PrometheusSource:
     """Polls Prometheus for the vendors' device metrics and publishes them per node.
 
-    `plugins` defaults to the real chips (every loaded plugin whose chip is not generic: nvidia,
-    ascend, cambricon); pass the fake plugin in tests. `client` defaults to a PrometheusConnect on
+    `plugins` defaults to every chip (every loaded plugin whose chip is not generic: nvidia, ascend,
+    cambricon and any installed one); pass the fake plugin in tests. `device_labels` defaults to
+    each series' plugin's (`default_device_labels`). `client` defaults to a PrometheusConnect on
     `url`; its calls block and run in a thread.
     """
 
@@ -175,7 +187,7 @@ class PrometheusSource:
         backoff_base_s: float = 1.0,
         max_backoff_s: float = 60.0,
         node_labels: Sequence[str] = NODE_LABELS,
-        device_labels: Sequence[str] = DEVICE_LABELS,
+        device_labels: Sequence[str] | None = None,
         max_series: int = 200_000,
         max_samples_per_batch: int = 2_000,
         rng: random.Random | None = None,
@@ -191,7 +203,7 @@ class PrometheusSource:
         self.backoff_base_s = backoff_base_s
         self.max_backoff_s = max_backoff_s
         self.node_labels = tuple(node_labels)
-        self.device_labels = tuple(device_labels)
+        self.device_labels = tuple(device_labels) if device_labels is not None else None
         self.max_series = max_series
         self.max_samples_per_batch = max_samples_per_batch
         self.failures = 0
@@ -210,6 +222,7 @@ class PrometheusSource:
                 self._by_vendor[vendor] = (plugin, unified)
         if not self._by_vendor:
             raise ValueError("no chip plugin maps any metric: nothing to query")
+        self._device_labels = {p.name: default_device_labels(p) for p in chosen}
         self._regex = "|".join(sorted(self._by_vendor))
         self._client = client if client is not None else default_client(url, timeout_s)
 
@@ -269,7 +282,7 @@ class PrometheusSource:
         node = node_of(labels, self.node_labels)
         if node is None:
             return None
-        return hit[0], hit[1], node, device_of(labels, self.device_labels)
+        return hit[0], hit[1], node, device_of(labels, self.device_labels or self._device_labels[hit[0].name])
 
     def _not_a_list(self, result: object) -> PrometheusQueryError:
         self._count("bad_response")

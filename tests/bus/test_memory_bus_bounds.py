@@ -124,6 +124,24 @@ async def test_a_topic_nobody_reads_keeps_a_small_window(
 
 @pytest.mark.looptime
 @pytest.mark.asyncio
+@pytest.mark.parametrize(("partitions", "size"), [(12, 200), (12, 4_000), (1, 20_000)])
+async def test_the_embedded_bus_keeps_a_topic_nobody_reads_small(partitions: int, size: int) -> None:
+    """As `--role all` builds it: findings, incidents and the DLQ nobody reads in one process keep at
+    most 1,000 records and 1 MiB a topic, whatever comes (not 10,000 records / 16 MB a topic)."""
+    from agent.config import Settings
+    from agent.run import make_bus
+
+    bus = make_bus(Settings.model_validate({"bus": {"kind": "memory", "partitions": partitions}}), Telemetry())
+    assert isinstance(bus, MemoryBus)
+    for i in range(5_000):
+        await asyncio.wait_for(bus.publish_raw("nobody", f"job{i % 97}", b"x" * size), 1)
+    held = bus.stats()["nobody"]
+    assert 0 < held["records"] <= 1_000
+    assert held["bytes"] <= 1 << 20
+
+
+@pytest.mark.looptime
+@pytest.mark.asyncio
 async def test_a_steady_stream_stays_flat() -> None:
     """Read and committed as it comes, 100,000 records never hold more than a batch."""
     bus = MemoryBus(partitions=4)

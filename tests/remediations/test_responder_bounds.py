@@ -86,3 +86,45 @@ async def test_handled_keeps_only_the_newest(tmp_path: Path, handled_max: int) -
     for i in range(5):
         await h.handle(diagnosis("train", f"job-{i}", f"gpu-{i}", n=i))
     assert list(h.responder.handled) == [f"d-train-job-{i}-{i}" for i in range(5 - handled_max, 5)]
+
+
+@pytest.mark.parametrize(("jobs", "max_concurrent", "max_pending"), [(30, 2, 5), (60, 4, 10), (20, 16, 200)])
+@pytest.mark.looptime
+async def test_a_storm_of_jobs_each_diagnosed_twice_leaves_no_incident_open(
+    tmp_path: Path, jobs: int, max_concurrent: int, max_pending: int
+) -> None:
+    """As the brain publishes them under a fault storm: each job's first diagnosis (not final: the
+    incident opens, its pods are protected) and, later, its final one, in waves while the slots are
+    busy. Past `max_pending` the oldest are settled observe-only with the reason; whatever the
+    bounds, every incident leaves `open`."""
+    kube = SlowKube(nodes={f"gpu-{i}": node(f"gpu-{i}") for i in range(jobs)})
+    bus = MemoryBus(partitions=4)
+    h = harness(tmp_path, policy(), kube, bus=bus, max_concurrent=max_concurrent, max_pending=max_pending)
+    r = h.responder
+    stop = asyncio.Event()
+    task = asyncio.create_task(r.run(stop))
+    await r.ready.wait()
+    for wave in range(0, jobs, 10):
+        for i in range(wave, min(jobs, wave + 10)):
+            d = diagnosis("train", f"job-{i}", f"gpu-{i}", n=i)
+            first = d.model_copy(update={"final": False, "revision": 1})
+            await bus.publish(Topic.DIAGNOSES, make_event(first, producer="test", key=job_key("train", f"job-{i}")))
+        await asyncio.sleep(0.5)  # the slots are busy with this wave when the finals come
+        for i in range(wave, min(jobs, wave + 10)):
+            d = diagnosis("train", f"job-{i}", f"gpu-{i}", n=i).model_copy(update={"revision": 2})
+            await bus.publish(Topic.DIAGNOSES, make_event(d, producer="test", key=job_key("train", f"job-{i}")))
+    while len(r.handled) < jobs:
+        await asyncio.sleep(0.5)
+
+    incidents = h.store.recent(limit=1000)
+    assert len(incidents) == jobs
+    assert [i.id for i in incidents if i.status is IncidentStatus.OPEN] == []
+    degraded = [i for i in incidents if any(e["kind"] == "degraded" for e in h.store.timeline(i.id))]
+    assert all(i.status is IncidentStatus.OBSERVED for i in degraded)
+    if 2 * jobs > max_pending + max_concurrent:
+        assert degraded and r.degraded >= len(degraded)
+    else:
+        assert degraded == [] and r.degraded == 0
+    assert 1 <= kube.peak <= max_concurrent
+    stop.set()
+    await task

@@ -10,12 +10,12 @@ import pytest
 
 from trainmedic.models import Action, Chip
 from udal import (
-    BUILTIN_PLUGINS,
     CORE_METRICS,
     ENTRY_POINT_GROUP,
     METRIC_VOCABULARY,
     ChipPlugin,
     PluginError,
+    builtin_plugins,
     detect_chip,
     discover,
     get_plugin,
@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.parametrize(
     "table",
     [
-        BUILTIN_PLUGINS,
+        builtin_plugins(),
         tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["entry-points"][
             "trainmedic.chips"
         ],
@@ -47,7 +47,7 @@ ROOT = Path(__file__).resolve().parents[2]
 )
 def test_the_fake_chip_is_not_shipped(table: dict[str, str]) -> None:
     assert FAKE[0] not in table and FAKE[1] not in table.values()
-    assert table == BUILTIN_PLUGINS
+    assert table == builtin_plugins()
 
 
 def test_the_suite_registers_the_fake_chip() -> None:
@@ -63,12 +63,12 @@ def test_load_plugins_has_every_builtin() -> None:
 
 def test_fallback_without_distribution_metadata() -> None:
     plugins = discover(eps=[])
-    assert {p.name for p in plugins.values()} == set(BUILTIN_PLUGINS)
+    assert {p.name for p in plugins.values()} == set(builtin_plugins())
     assert isinstance(plugins[Chip.NVIDIA], NvidiaPlugin)
 
 
 def test_discover_from_entry_points() -> None:
-    table = BUILTIN_PLUGINS | {FAKE[0]: FAKE[1]}
+    table = builtin_plugins() | {FAKE[0]: FAKE[1]}
     eps = [EntryPoint(name=name, value=target, group=ENTRY_POINT_GROUP) for name, target in table.items()]
     plugins = discover(eps=eps)
     assert isinstance(plugins[Chip.ASCEND], AscendPlugin)
@@ -79,7 +79,7 @@ def test_installed_entry_points_match_builtins_when_installed() -> None:
     installed = {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
     if not installed:
         pytest.skip("trainmedic is not pip-installed: no entry points to compare")
-    assert installed == BUILTIN_PLUGINS
+    assert installed == builtin_plugins()
 
 
 def test_discover_rejects_non_plugin() -> None:
@@ -240,7 +240,7 @@ def test_load_plugins_falls_back_when_metadata_is_missing(monkeypatch: pytest.Mo
     try:
         plugins = load_plugins()
         # The built-ins, and the test double the suite registers (tests/conftest.py).
-        assert {p.name for p in plugins.values()} == set(BUILTIN_PLUGINS) | {FAKE[0]}
+        assert {p.name for p in plugins.values()} == set(builtin_plugins()) | {FAKE[0]}
     finally:
         monkeypatch.undo()
         registry.clear_cache()

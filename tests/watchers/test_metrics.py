@@ -508,3 +508,30 @@ def test_plugins_claiming_one_metric_are_refused() -> None:
 )
 def test_vendor_names_map_by_meaning(chip: str, vendor: str, unified: str | None) -> None:
     assert get_plugin(chip).unified_metric(vendor) == unified
+
+
+@pytest.mark.asyncio
+async def test_a_registered_chips_exporter_series_are_published_under_its_name(
+    cluster: Cluster, bus: MemoryBus
+) -> None:
+    """A chip trainmedic does not ship (tests/zetachip.py): its exporter's series, scraped by the real
+    Prometheus, are queried and published as that chip once its plugin is registered."""
+    from udal import registry
+
+    labels = {"npu": "2", "node": "zeta-node-1"}
+    cluster.cambricon.set("zeta_npu_utilization", labels, 64)
+    registry.register("zeta", "zetachip:ZetaPlugin")
+    try:
+        await asyncio.to_thread(cluster.prom.wait_for, 'zeta_npu_utilization{npu="2"}', bool)
+        batches = by_node(await PrometheusSource(cluster.prom.url, bus=bus).poll_once())
+        batch = batches["zeta-node-1"]
+        assert (batch.chip, batch.origin) == ("zeta", "prometheus")
+        assert [(s.name, s.device, s.value, s.vendor_name) for s in batch.samples] == [
+            ("accelerator_utilization", "2", 64.0, "zeta_npu_utilization")
+        ]
+        assert {b.chip for n, b in batches.items() if n != "zeta-node-1"} == {"nvidia", "ascend", "cambricon"}
+    finally:
+        registry.unregister("zeta")
+        cluster.cambricon.remove("zeta_npu_utilization")
+    batches = by_node(await PrometheusSource(cluster.prom.url, bus=bus).poll_once())
+    assert "zeta-node-1" not in batches  # without the plugin, its series are nobody's
