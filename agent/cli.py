@@ -730,12 +730,11 @@ def _report(args: argparse.Namespace) -> int:
 
 def when(t: float | None, *, utc: bool = False) -> str:
     """An epoch time as RFC 3339 to the second: local time with its offset, or UTC with Z."""
-    from datetime import UTC, datetime
+    from trainmedic.timefmt import rfc3339, rfc3339_local
 
     if t is None:
         return "-"
-    dt = datetime.fromtimestamp(t, UTC) if utc else datetime.fromtimestamp(t).astimezone()
-    return dt.isoformat(timespec="seconds").replace("+00:00", "Z")
+    return rfc3339(t) if utc else rfc3339_local(t)
 
 
 def _out(text: str) -> None:

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import email.utils
 import hashlib
 import json
 import logging
@@ -60,6 +59,8 @@ from agent.telemetry import Telemetry
 from agent.urlsafe import install_log_filters
 from reports import payloads
 from reports.notice import Notice, NoticeError
+from trainmedic.backoff import backoff_delay as shared_backoff_delay
+from trainmedic.backoff import parse_retry_after
 from trainmedic.errors import PermanentError, TemporaryError
 from trainmedic.events import Event, IncidentEvent
 
@@ -152,26 +153,9 @@ def dedup_key_of(notices: Sequence[Notice]) -> str:
     return f"digest:{digest[:32]}"
 
 
-def parse_retry_after(value: str | None, *, now: float) -> float | None:
-    """Retry-After as seconds from `now`: delta-seconds or an HTTP date; None when absent or bad."""
-    if not value:
-        return None
-    value = value.strip()
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError, IndexError):
-        return None
-    return max(0.0, when.timestamp() - now)
-
-
 def backoff_delay(failures: int, *, initial: float, maximum: float, rng: random.Random) -> float:
     """Exponential backoff with full jitter: uniform(0, min(maximum, initial * 2**(failures-1)))."""
-    cap = min(maximum, initial * 2.0 ** min(max(failures - 1, 0), 60))
-    return rng.uniform(0.0, cap)
+    return shared_backoff_delay(failures - 1, base=initial, cap=maximum, jitter=(0.0, 1.0), rng=rng)
 
 
 # -- sinks: what to send, and how to read the answer ------------------------------------------------

@@ -33,7 +33,7 @@ from typing import Any
 
 from reports.notice import Notice, NoticeError
 from trainmedic.errors import FatalError
-from trainmedic.sqlitedb import immediate, open_durable
+from trainmedic.sqlitedb import immediate, migrate, open_durable
 
 # Delivered and dead rows are kept this long (late duplicates of a notice are still dropped).
 RETENTION_S = 30 * 86400.0
@@ -152,20 +152,14 @@ class Outbox:
                 raise OutboxError(f"outbox {self.path}: {e}") from e
 
     def _migrate(self) -> None:
+        def newer(have: int) -> OutboxError:
+            return OutboxError(
+                f"outbox {self.path} has schema version {have}; this agent knows up to {len(MIGRATIONS)} "
+                "(it was written by a newer trainmedic)"
+            )
+
         with self._tx() as db:
-            db.execute("CREATE TABLE IF NOT EXISTS outbox_schema_version (version INTEGER NOT NULL)")
-            row = db.execute("SELECT MAX(version) FROM outbox_schema_version").fetchone()
-            have = int(row[0] or 0)
-            if have > len(MIGRATIONS):
-                raise OutboxError(
-                    f"outbox {self.path} has schema version {have}; this agent knows up to {len(MIGRATIONS)} "
-                    "(it was written by a newer trainmedic)"
-                )
-            for version in range(have + 1, len(MIGRATIONS) + 1):
-                for statement in MIGRATIONS[version - 1].split(";"):
-                    if statement.strip():
-                        db.execute(statement)
-                db.execute("INSERT INTO outbox_schema_version (version) VALUES (?)", (version,))
+            migrate(db, "outbox_schema_version", MIGRATIONS, newer)
 
     @property
     def schema_version(self) -> int:

@@ -24,13 +24,13 @@ import os
 import re
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from agent.store import Incident, IncidentStore
 from remediations.scene import MANIFEST, SceneError, load_scene
 from reports.report import FORMATS, LANGS, ReportError, i18n, labels, render_report
+from trainmedic.timefmt import parse_rfc3339
 from trainmedic.vendortext import elide, fill
 from udal import CatalogError, PluginError, get_plugin, lookup
 
@@ -156,15 +156,6 @@ def _cut(text: str, limit: int) -> str:
 
 def _missing(what: str, en: str, zh: str) -> dict[str, Any]:
     return {"what": what, "reason": _i18n(en, zh)}
-
-
-def _rfc3339(value: Any) -> float | None:
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
 
 
 # ------------------------------------------------------------------------------------------------
@@ -764,7 +755,7 @@ def _checkpoint(
 
 
 def _fault_time(incident: Incident, bundle: _Bundle, findings: Sequence[Mapping[str, Any]]) -> float | None:
-    t = _rfc3339((bundle.manifest or {}).get("fault_time"))
+    t = parse_rfc3339((bundle.manifest or {}).get("fault_time"))
     if t is not None:
         return t
     times = [x for x in (_num(f.get("timestamp")) for f in findings) if x is not None]

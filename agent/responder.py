@@ -53,7 +53,6 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -80,6 +79,7 @@ from remediations.scene import SceneInputs, SceneSettings, save_scene, warm_reda
 from remediations.stacks import ExecResult, StackSource, exec_in_pod
 from trainmedic.events import DiagnosisEvent, IncidentEvent, JobRef, Topic, make_event
 from trainmedic.models import FaultClass, I18nText, RootCause
+from trainmedic.timefmt import parse_rfc3339
 
 if TYPE_CHECKING:
     from agent.notify import Notifier
@@ -1157,8 +1157,10 @@ def _stale(workload: Mapping[str, Any] | None, incident_id: str, d: DiagnosisEve
     try:
         lineage = json.loads(_annotation(workload, "trainmedic.io/lineage") or "[]")
         recreated = str(lineage[-1]["time"])
-        at = datetime.fromisoformat(recreated.replace("Z", "+00:00")).timestamp()
     except (ValueError, KeyError, IndexError, TypeError):
+        return None
+    at = parse_rfc3339(recreated)
+    if at is None:
         return None
     seen = [f.timestamp for f in d.diagnosis.findings if f.timestamp is not None]
     if seen and max(seen) < at:

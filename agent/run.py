@@ -21,7 +21,6 @@ import contextlib
 import json
 import logging
 import os
-import random
 import shutil
 import signal
 import sys
@@ -39,6 +38,7 @@ from agent.health import readiness
 from agent.jobindex import JobIndex
 from agent.looplag import LoopLagMonitor
 from agent.telemetry import Telemetry
+from trainmedic.backoff import Backoff
 
 if TYPE_CHECKING:
     from agent.responder import ResponderSettings
@@ -494,7 +494,7 @@ UNAVAILABLE = _unavailable_errors()
 
 async def supervise(name: str, factory: Callable[[], Awaitable[None]], stop: asyncio.Event) -> None:
     """Run a component until `stop`; restart it with backoff when it fails."""
-    delay = 1.0
+    backoff = Backoff(1.0, 60.0)
     while not stop.is_set():
         started = time.monotonic()
         try:
@@ -508,12 +508,11 @@ async def supervise(name: str, factory: Callable[[], Awaitable[None]], stop: asy
             log.warning("%s is off: %s", name, e)
             return
         except Exception:
-            log.exception("component %s failed; restarting in %.0f s", name, delay)
+            log.exception("component %s failed; restarting in %.0f s", name, backoff.current)
         if time.monotonic() - started > 60:
-            delay = 1.0
+            backoff.reset()
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), delay * random.uniform(0.8, 1.2))  # noqa: S311 (jitter)
-        delay = min(delay * 2, 60.0)
+            await asyncio.wait_for(stop.wait(), backoff.next())
 
 
 async def run_agent(agent: Agent, *, drain_timeout_s: float = 20.0) -> None:

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from trainmedic.errors import TrainmedicError
-from trainmedic.sqlitedb import immediate, open_durable
+from trainmedic.sqlitedb import immediate, migrate, open_durable
 
 
 class StoreError(TrainmedicError):
@@ -261,8 +261,7 @@ class IncidentStore:
         self.path = str(path)
         self.clock = clock
         try:
-            self._db = open_durable(self.path)
-            self._db.execute("PRAGMA foreign_keys=ON")
+            self._db = open_durable(self.path, foreign_keys=True)
         except (OSError, sqlite3.Error) as e:
             raise StoreError(f"incident store {self.path}: cannot open: {e}") from e
         self._lock = threading.RLock()
@@ -278,20 +277,14 @@ class IncidentStore:
         return immediate(self._db, self._lock, lambda why: StoreError(f"incident store {self.path}: {why}"))
 
     def _migrate(self) -> None:
+        def newer(have: int) -> StoreError:
+            return StoreError(
+                f"incident store {self.path} has schema version {have}; this agent knows up to "
+                f"{len(MIGRATIONS)} (it was written by a newer trainmedic)"
+            )
+
         with self._tx() as db:
-            db.execute("CREATE TABLE IF NOT EXISTS incident_schema_version (version INTEGER NOT NULL)")
-            row = db.execute("SELECT MAX(version) FROM incident_schema_version").fetchone()
-            have = int(row[0] or 0)
-            if have > len(MIGRATIONS):
-                raise StoreError(
-                    f"incident store {self.path} has schema version {have}; this agent knows up to "
-                    f"{len(MIGRATIONS)} (it was written by a newer trainmedic)"
-                )
-            for version in range(have + 1, len(MIGRATIONS) + 1):
-                for statement in MIGRATIONS[version - 1].split(";"):
-                    if statement.strip():
-                        db.execute(statement)
-                db.execute("INSERT INTO incident_schema_version (version) VALUES (?)", (version,))
+            migrate(db, "incident_schema_version", MIGRATIONS, newer)
 
     @property
     def schema_version(self) -> int:

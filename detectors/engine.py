@@ -38,14 +38,10 @@ from detectors.localize import localize
 from detectors.phase import MAX_LINE as MAX_MARKER_LINE
 from detectors.phase import PHASE_SENSITIVE, PhaseMarkers, load_phase_markers
 from detectors.schema import Rule
-from trainmedic import cache
+from trainmedic import cache, hsdb
 from trainmedic.models import FaultClass, Finding, I18nText, Source
 
-_hs: Any
-try:
-    import hyperscan as _hs
-except ImportError:  # pragma: no cover - exercised on hosts without the wheel
-    _hs = None
+_hs = hsdb.hs
 
 HYPERSCAN_AVAILABLE = _hs is not None
 
@@ -710,7 +706,7 @@ class _HyperscanPrefilter(_Prefilter):
                     self.fallback.append((pid, re.compile(pattern.encode("utf-8"), re.ASCII | re.MULTILINE)))
             self.db = self._compile(good, base) if good else None
         if cache.cache_dir() is not None:
-            blob = _hs.dumpb(self.db) if self.db is not None else None
+            blob = hsdb.dump(self.db) if self.db is not None else None
             cache.store("hyperscan", key, (blob, [pid for pid, _ in self.fallback]))
 
     def _from_cache(self, key: str, pats: list[tuple[int, str]]) -> bool:
@@ -718,12 +714,8 @@ class _HyperscanPrefilter(_Prefilter):
         entry: Any = cache.load("hyperscan", key)
         try:
             blob, fallback_ids = entry
-            db = _hs.loadb(blob, _hs.HS_MODE_BLOCK) if blob is not None else None
-            if db is not None:
-                db.scratch = _hs.Scratch(db)  # loadb leaves it without one; compile makes its own
-                # A database built for another CPU (a cache folder shared between machines) is
-                # refused at scan time: find out now, and compile afresh.
-                db.scan(b"\n", match_event_handler=lambda *_: None)
+            # A database this CPU or this hyperscan cannot scan is refused: compile afresh.
+            db = hsdb.load_block(blob) if blob is not None else None
             by_id = dict(pats)
             fallback = [(pid, re.compile(by_id[pid].encode("utf-8"), re.ASCII | re.MULTILINE)) for pid in fallback_ids]
         except Exception:  # noqa: BLE001 - no entry, or one this hyperscan cannot load: compile afresh
@@ -733,10 +725,7 @@ class _HyperscanPrefilter(_Prefilter):
 
     @staticmethod
     def _compile(items: list[tuple[int, str, bytes]], flags: int) -> Any:
-        assert _hs is not None
-        db = _hs.Database(mode=_hs.HS_MODE_BLOCK)
-        db.compile(expressions=[e for _, _, e in items], ids=[i for i, _, _ in items], flags=[flags] * len(items))
-        return db
+        return hsdb.compile_block([e for _, _, e in items], [i for i, _, _ in items], [flags] * len(items))
 
     def scan(self, data: bytes) -> tuple[list[int], list[int]]:
         pids: list[int] = []

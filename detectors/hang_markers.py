@@ -23,7 +23,7 @@ from detectors.hang_schema import (
     _MarkerFileHeader,
 )
 from trainmedic import cache
-from trainmedic.datafile import format_error, node_line, parse_yaml, short_text
+from trainmedic.datafile import format_error, node_line, parse_yaml, read_data_file, short_text
 from trainmedic.errors import Problem, RuleLoadError
 
 
@@ -124,16 +124,10 @@ def load_markers(path: Path | None = None) -> ProgressMarkers:
     """
     path = path or MARKERS_FILE
     name = str(path)
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise RuleLoadError([Problem(name, None, f"cannot read: {exc.strerror or exc}")]) from None
-    if len(raw) > MAX_MARKER_FILE_BYTES:
-        raise RuleLoadError([Problem(name, None, f"file is {len(raw)} bytes, over the {MAX_MARKER_FILE_BYTES} limit")])
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise RuleLoadError([Problem(name, None, f"not UTF-8: {exc}")]) from None
+    got = read_data_file(path, MAX_MARKER_FILE_BYTES, name)
+    if isinstance(got, Problem):
+        raise RuleLoadError([got])
+    raw, text = got
     key = cache.make_key("markers", [name, raw]) if cache.cache_dir() is not None else None
     cached = cache.load("markers", key) if key is not None else None
     if isinstance(cached, list):

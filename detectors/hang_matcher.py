@@ -22,13 +22,9 @@ from detectors.hang_schema import (
     _int_group,
     _number,
 )
-from trainmedic import cache
+from trainmedic import cache, hsdb
 
-_hs: Any
-try:
-    import hyperscan as _hs
-except ImportError:  # pragma: no cover - exercised on hosts without the wheel
-    _hs = None
+_hs = hsdb.hs
 
 # Keyword hits beyond which the fast scan hands over to the re path, per batch plus per line (a
 # pathological line repeating a keyword would otherwise cost one Python callback per repetition;
@@ -146,16 +142,12 @@ def _keyword_database(exprs: list[bytes], ids: list[int]) -> Any:
     blob: Any = cache.load("hs-markers", key)
     if isinstance(blob, bytes):
         try:
-            db = _hs.loadb(blob, _hs.HS_MODE_BLOCK)
-            db.scratch = _hs.Scratch(db)  # loadb leaves it without one
-            db.scan(b"\n", match_event_handler=lambda *_: None)  # refused when built for another CPU
-            return db
+            return hsdb.load_block(blob)
         except Exception:  # noqa: BLE001, S110 - an entry this hyperscan cannot load: compile afresh
             pass
-    db = _hs.Database(mode=_hs.HS_MODE_BLOCK)
-    db.compile(expressions=exprs, ids=ids, elements=len(exprs), flags=[0] * len(exprs))
+    db = hsdb.compile_block(exprs, ids, [0] * len(exprs))
     if cache.cache_dir() is not None:
-        cache.store("hs-markers", key, _hs.dumpb(db))
+        cache.store("hs-markers", key, hsdb.dump(db))
     return db
 
 

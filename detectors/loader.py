@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from detectors.schema import Rule, RuleFile, RuleStatus
 from rules import RULES_DIR
 from trainmedic import cache
-from trainmedic.datafile import format_error, node_line, parse_yaml, short_text
+from trainmedic.datafile import format_error, node_line, parse_yaml, read_data_file, short_text
 from trainmedic.errors import Problem, RuleLoadError
 
 MAX_RULE_FILE_BYTES = 4 * 1024 * 1024
@@ -53,16 +53,10 @@ def parse_rule_file(path: Path) -> tuple[list[tuple[Rule, int | None]], list[Pro
     """Parse one file. Returns the valid rules (with their line) and every problem found."""
     name = str(path)
     problems: list[Problem] = []
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        return [], [Problem(name, None, f"cannot read: {exc.strerror or exc}")]
-    if len(raw) > MAX_RULE_FILE_BYTES:
-        return [], [Problem(name, None, f"file is {len(raw)} bytes, over the {MAX_RULE_FILE_BYTES} limit")]
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        return [], [Problem(name, None, f"not UTF-8: {exc}")]
+    got = read_data_file(path, MAX_RULE_FILE_BYTES, name)
+    if isinstance(got, Problem):
+        return [], [got]
+    _, text = got
     root, data, problem = parse_yaml(text, name)
     if problem is not None:
         return [], [problem]

@@ -25,7 +25,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from trainmedic.datafile import format_error, node_line, parse_yaml
+from trainmedic.datafile import format_error, node_line, parse_yaml, read_data_file
 from trainmedic.errors import Problem, TrainmedicError
 from trainmedic.models import Chip, FaultClass, Finding, I18nText
 
@@ -319,17 +319,10 @@ def parse_hints(text: str, name: str) -> HintBook:
 def load_hints(path: str | Path | None = None) -> HintBook:
     """Load a hints file (None: the shipped one). Raises HintError with every problem found."""
     p = HINTS_FILE if path is None else Path(path)
-    try:
-        raw = p.read_bytes()
-    except OSError as exc:
-        raise HintError([Problem(str(p), None, f"cannot read: {exc.strerror or exc}")]) from None
-    if len(raw) > MAX_HINT_FILE_BYTES:
-        raise HintError([Problem(str(p), None, f"file is {len(raw)} bytes, over the {MAX_HINT_FILE_BYTES} limit")])
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise HintError([Problem(str(p), None, f"not UTF-8: {exc}")]) from None
-    return parse_hints(text, str(p))
+    got = read_data_file(p, MAX_HINT_FILE_BYTES)
+    if isinstance(got, Problem):
+        raise HintError([got])
+    return parse_hints(got[1], str(p))
 
 
 @lru_cache(maxsize=1)

@@ -45,11 +45,9 @@ import concurrent.futures
 import contextlib
 import contextvars
 import copy
-import email.utils
 import http.client
 import json
 import logging
-import math
 import random
 import re
 import time
@@ -64,8 +62,10 @@ from kubernetes import client as kclient
 from kubernetes.client.exceptions import ApiException
 
 from remediations.stacks import ExecResult, exec_in_pod
+from trainmedic.backoff import backoff_delay, parse_retry_after
 from trainmedic.errors import PermanentError, TemporaryError, TrainmedicError
 from trainmedic.models import FaultClass, I18nText
+from trainmedic.timefmt import rfc3339
 
 __all__ = [
     "ANN_INCIDENT",
@@ -304,20 +304,7 @@ def retry_after(headers: Any, cap: float) -> float | None:
     raw = None
     with contextlib.suppress(Exception):
         raw = headers.get("Retry-After") if headers is not None else None
-    if raw is None:
-        return None
-    text = str(raw).strip()
-    try:
-        seconds = float(text)
-    except ValueError:
-        pass
-    else:
-        return min(max(seconds, 0.0), cap) if math.isfinite(seconds) else None
-    try:
-        when = email.utils.parsedate_to_datetime(text)
-    except (TypeError, ValueError, IndexError):
-        return None
-    return min(max(when.timestamp() - time.time(), 0.0), cap)
+    return parse_retry_after(raw, now=time.time(), cap=cap)
 
 
 def api_message(exc: ApiException, limit: int = 500) -> str:
@@ -400,11 +387,6 @@ def _meta(obj: Mapping[str, Any]) -> dict[str, Any]:
 
 def _str_map(v: Any) -> dict[str, str]:
     return {str(k): str(x) for k, x in _map(v).items() if x is not None}
-
-
-def rfc3339(t: float | None = None) -> str:
-    """A metav1.Time: seconds precision, UTC."""
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() if t is None else t))
 
 
 def fault_reason(fault_class: str) -> str:
@@ -538,8 +520,8 @@ class KubeOps:
 
     def backoff(self, attempt: int) -> float:
         """The wait after failed try number `attempt` (1-based) when the server named none."""
-        delay = min(self.max_delay, self.base_delay * 2.0 ** (attempt - 1))
-        return delay * (1.0 - self.jitter * self._rng.random())
+        jitter = (1.0 - self.jitter, 1.0)
+        return backoff_delay(attempt - 1, base=self.base_delay, cap=self.max_delay, jitter=jitter, rng=self._rng)
 
     async def _retrying(self, what: _What, run: Callable[[], T], on_retry: Callable[[], None] | None = None) -> T:
         """Run a blocking call in a thread; retry temporary errors (telling `on_retry` before each

@@ -36,8 +36,6 @@ import re
 import time
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from decimal import Decimal, InvalidOperation
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -55,9 +53,11 @@ from pydantic import (
 
 from remediations.hints import HintBook, HintError, default_hints, hints_for, load_hints
 from remediations.policy_state import PolicyState
-from trainmedic.datafile import format_error, node_line, parse_yaml
+from trainmedic import quantity as shared_quantity
+from trainmedic.datafile import format_error, node_line, parse_yaml, read_data_file
 from trainmedic.errors import Problem, TrainmedicError
 from trainmedic.models import SEVERITY_RANK, Action, Chip, FaultClass, Finding, I18nText, RootCause, Severity
+from trainmedic.timefmt import rfc3339
 
 POLICY_FILE = Path(__file__).with_name("policy.yaml")
 MAX_POLICY_FILE_BYTES = 1024 * 1024
@@ -142,39 +142,18 @@ def _duration(value: object) -> float:
 
 Duration = Annotated[float, BeforeValidator(_duration)]
 
-_QUANTITY_RE = re.compile(r"^(?P<num>\d+(?:\.\d*)?|\.\d+)(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E|[eE]\d+)?$")
-_QUANTITY_SUFFIX = {
-    "": 1,
-    "Ki": 1024,
-    "Mi": 1024**2,
-    "Gi": 1024**3,
-    "Ti": 1024**4,
-    "Pi": 1024**5,
-    "Ei": 1024**6,
-    "k": 1000,
-    "M": 1000**2,
-    "G": 1000**3,
-    "T": 1000**4,
-    "P": 1000**5,
-    "E": 1000**6,
-}
-
 
 def parse_quantity(value: object) -> int:
-    """Bytes in a Kubernetes memory quantity ("512Gi", "1.5G", "129e6", "1024"), rounded up."""
+    """Bytes in a Kubernetes memory quantity ("512Gi", "1.5G", "129e6", "1024"), rounded up: read by
+    trainmedic.quantity, without a sign, a sub-unit suffix (n u m) or a negative exponent."""
     text = str(value).strip() if isinstance(value, (str, int)) and not isinstance(value, bool) else None
-    m = _QUANTITY_RE.match(text) if text is not None else None
-    if text is None or m is None:
-        raise ValueError(f"bad memory size {value!r}: use a Kubernetes quantity such as 512Gi, 64G or 1.5Ti")
-    suffix = m.group("suffix") or ""
+    bad = f"bad memory size {value!r}: use a Kubernetes quantity such as 512Gi, 64G or 1.5Ti"
+    if text is None or text.startswith(("+", "-")) or text.endswith(("n", "u", "m")) or re.search("[eE][+-]", text):
+        raise ValueError(bad)
     try:
-        number = Decimal(m.group("num"))
-        if suffix[:1] in ("e", "E") and len(suffix) > 1:
-            amount = number * (Decimal(10) ** int(suffix[1:]))
-        else:
-            amount = number * _QUANTITY_SUFFIX[suffix]
-    except (InvalidOperation, ValueError) as exc:
-        raise ValueError(f"bad memory size {value!r}: {exc}") from None
+        amount = shared_quantity.parse_quantity(text)
+    except shared_quantity.BadQuantity as exc:
+        raise ValueError(f"memory size {value!r} is too large" if exc.reason == "exponent" else bad) from None
     if amount <= 0:
         raise ValueError(f"memory size {value!r} must be more than zero")
     if amount > 2**63 - 1:
@@ -654,7 +633,7 @@ def _incident_key(incident_id: str) -> str:
 
 def _iso(t: float) -> str:
     try:
-        return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        return rfc3339(t)
     except (OverflowError, OSError, ValueError):
         return f"t={t:.0f}"
 
@@ -1335,17 +1314,10 @@ def load_policy(path: str | Path | None = None, *, hints_path: str | Path | None
         book = default_hints() if hints_path is None else load_hints(hints_path)
     except HintError as exc:
         raise PolicyError(exc.problems) from None
-    try:
-        raw = p.read_bytes()
-    except OSError as exc:
-        raise PolicyError([Problem(str(p), None, f"cannot read: {exc.strerror or exc}")]) from None
-    if len(raw) > MAX_POLICY_FILE_BYTES:
-        raise PolicyError([Problem(str(p), None, f"file is {len(raw)} bytes, over the {MAX_POLICY_FILE_BYTES} limit")])
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise PolicyError([Problem(str(p), None, f"not UTF-8: {exc}")]) from None
-    return parse_policy(text, str(p), hints=book)
+    got = read_data_file(p, MAX_POLICY_FILE_BYTES)
+    if isinstance(got, Problem):
+        raise PolicyError([got])
+    return parse_policy(got[1], str(p), hints=book)
 
 
 def opt_out(annotations: Mapping[str, Any] | None) -> bool:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from trainmedic.errors import TrainmedicError
+from trainmedic.sqlitedb import migrate, open_durable
 
 RETENTION_S = 30 * 86400.0
 
@@ -151,16 +152,12 @@ class SqlitePolicyState:
         self.path = Path(path)
         self._lock = threading.Lock()
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._conn = sqlite3.connect(
-                str(self.path), timeout=busy_timeout_s, check_same_thread=False, isolation_level=None
-            )
-        except (OSError, sqlite3.Error) as exc:
+            self._conn = open_durable(str(self.path), busy_timeout_s=busy_timeout_s, synchronous="NORMAL")
+        except (OSError, sqlite3.OperationalError) as exc:
             raise PolicyStateError(f"{self.path}: cannot open the policy state: {exc}") from exc
+        except sqlite3.DatabaseError as exc:
+            raise PolicyStateError(f"{self.path}: not a usable policy state file: {exc}") from exc
         try:
-            self._conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
-            self._conn.execute("PRAGMA journal_mode = WAL")
-            self._conn.execute("PRAGMA synchronous = NORMAL")
             self._migrate()
             cutoff = (time.time() if now is None else now) - retention_s
             with self._lock:
@@ -179,23 +176,17 @@ class SqlitePolicyState:
             # once cannot both apply the same migration.
             self._conn.execute("BEGIN IMMEDIATE")
             try:
-                self._conn.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
-                row = self._conn.execute("SELECT max(version) FROM schema_version").fetchone()
-                current = int(row[0]) if row and row[0] is not None else 0
-                if current > len(MIGRATIONS):
-                    raise PolicyStateError(
-                        f"{self.path}: schema version {current} is newer than this trainmedic knows "
-                        f"({len(MIGRATIONS)}); upgrade trainmedic or use another file"
-                    )
-                for version in range(current + 1, len(MIGRATIONS) + 1):
-                    for statement in MIGRATIONS[version - 1].split(";"):
-                        if statement.strip():
-                            self._conn.execute(statement)
-                    self._conn.execute("INSERT INTO schema_version (version) VALUES (?)", (version,))
+                migrate(self._conn, "schema_version", MIGRATIONS, self._newer)
                 self._conn.execute("COMMIT")
             except BaseException:
                 self._conn.execute("ROLLBACK")
                 raise
+
+    def _newer(self, current: int) -> PolicyStateError:
+        return PolicyStateError(
+            f"{self.path}: schema version {current} is newer than this trainmedic knows "
+            f"({len(MIGRATIONS)}); upgrade trainmedic or use another file"
+        )
 
     @property
     def schema_version(self) -> int:

@@ -66,16 +66,14 @@ import numpy as np
 import yaml
 
 from remediations.stacks import ExecResult, StackDump, StackSettings, dump_stacks
+from trainmedic import hsdb
 from trainmedic.errors import TrainmedicError
 from trainmedic.events import DiagnosisEvent
 from trainmedic.models import Finding, Source
+from trainmedic.timefmt import rfc3339
 from udal.registry import env_prefixes, visible_devices_envs
 
-_hs: Any
-try:
-    import hyperscan as _hs
-except ImportError:  # pragma: no cover - the fallback is tested by forcing it
-    _hs = None
+_hs = hsdb.hs
 
 __all__ = [
     "MANIFEST",
@@ -375,10 +373,8 @@ class _Redactor:
         self.db: Any = None
         self._local = threading.local()
         if use_hyperscan and _hs is not None:
-            db = _hs.Database(mode=_hs.HS_MODE_BLOCK)
             flags = [_hs.HS_FLAG_PREFILTER | (_hs.HS_FLAG_CASELESS if b.caseless else 0) for b in _BRANCHES]
-            db.compile(expressions=[b.anchor.encode() for b in _BRANCHES], ids=list(range(len(_BRANCHES))), flags=flags)
-            self.db = db
+            self.db = hsdb.compile_block([b.anchor.encode() for b in _BRANCHES], range(len(_BRANCHES)), flags)
 
     def _scratch(self) -> Any:
         scratch = getattr(self._local, "scratch", None)
@@ -971,10 +967,6 @@ def _fault_time(d: DiagnosisEvent, now: float) -> float:
     return d.window_start if d.window_start and math.isfinite(d.window_start) else now
 
 
-def _rfc3339(t: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
-
-
 def _needle(finding: Finding, redactor: _Redactor) -> bytes:
     """The part of a finding's text to look for in the saved files (its first line, without the
     ellipses of a clipped text, redacted as the files are)."""
@@ -1145,8 +1137,8 @@ async def _build(writer: _Writer, inputs: SceneInputs, source: SceneSource, sett
     return {
         "schema_version": SCHEMA_VERSION,
         "incident_id": inputs.incident_id,
-        "created": _rfc3339(inputs.now),
-        "fault_time": _rfc3339(fault),
+        "created": rfc3339(inputs.now),
+        "fault_time": rfc3339(fault),
         "job": job,
         "diagnosis_id": d.diagnosis_id,
         "root_cause": rc.contract_dict("en") if rc else None,

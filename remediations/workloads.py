@@ -49,8 +49,10 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any, Protocol
 
+from trainmedic import quantity as shared_quantity
 from trainmedic.errors import PermanentError
 from trainmedic.models import I18nText
+from trainmedic.timefmt import rfc3339
 
 __all__ = [
     "ANN_CHECKPOINT_DIR",
@@ -440,41 +442,24 @@ def _template(value: Any, path: str) -> dict[str, Any]:
 
 # -- memory ----------------------------------------------------------------------------------------
 
-_QUANTITY = re.compile(
-    r"^(?P<sign>[+-]?)(?P<num>\d+(?:\.\d*)?|\.\d+)"
-    r"(?:(?P<bin>Ki|Mi|Gi|Ti|Pi|Ei)|(?P<exp>[eE][+-]?\d+)|(?P<dec>[numkMGTPE]))?$"
-)
 _BINARY = {"Ki": 1, "Mi": 2, "Gi": 3, "Ti": 4, "Pi": 5, "Ei": 6}
-_DECIMAL = {"n": -9, "u": -6, "m": -3, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
-_MAX_QUANTITY_CHARS = 64
-_MAX_EXPONENT = 64
 MAX_BYTES = 2**63 - 1
 MI = 1024**2
 
 
 def parse_quantity(text: str) -> Fraction:
-    """A Kubernetes quantity (resource.Quantity) as an exact number.
-
-    Grammar (k8s.io/apimachinery resource.Quantity): a signed decimal number, then a binary suffix
-    (Ki Mi Gi Ti Pi Ei), a decimal one (n u m "" k M G T P E) or an exponent (e3, E-2). Note that
-    "1E" is an exa and "1e3" an exponent, and "m" is milli, not mega.
-    """
-    if not isinstance(text, str):
-        raise QuantityError(f"quantity {text!r} is not a string", f"数量 {text!r} 不是字符串")
-    s = text.strip()
-    m = _QUANTITY.match(s) if len(s) <= _MAX_QUANTITY_CHARS else None
-    if m is None:
-        shown = s if len(s) <= _MAX_QUANTITY_CHARS else s[:_MAX_QUANTITY_CHARS] + "..."
-        raise QuantityError(f"{shown!r} is not a Kubernetes quantity", f"{shown!r} 不是合法的 Kubernetes 数量")
-    value = Fraction(m["num"])
-    if m["bin"]:
-        value *= 1024 ** _BINARY[m["bin"]]
-    elif m["exp"] or m["dec"]:
-        exp = int(m["exp"][1:]) if m["exp"] else _DECIMAL[m["dec"]]
-        if abs(exp) > _MAX_EXPONENT:
-            raise QuantityError(f"{s!r}: exponent out of range", f"{s!r}：指数超出范围")
-        value *= Fraction(10) ** exp
-    return -value if m["sign"] == "-" else value
+    """A Kubernetes quantity (resource.Quantity) as an exact number (the grammar and the reader are
+    trainmedic.quantity's: "1E" is an exa and "1e3" an exponent, "m" is milli). Raises QuantityError."""
+    try:
+        return shared_quantity.parse_quantity(text)
+    except shared_quantity.BadQuantity as e:
+        if e.reason == "type":
+            raise QuantityError(f"quantity {text!r} is not a string", f"数量 {text!r} 不是字符串") from None
+        if e.reason == "exponent":
+            raise QuantityError(f"{e.shown!r}: exponent out of range", f"{e.shown!r}：指数超出范围") from None
+        raise QuantityError(
+            f"{e.shown!r} is not a Kubernetes quantity", f"{e.shown!r} 不是合法的 Kubernetes 数量"
+        ) from None
 
 
 def memory_bytes(text: str) -> int:
@@ -718,7 +703,7 @@ def build_recreation(
     entry: dict[str, Any] = {
         "uid": meta.get("uid"),
         "incident": incident_id,
-        "time": _rfc3339(t),
+        "time": rfc3339(t),
         "checkpoint": None if checkpoint is None else checkpoint.path,
         "step": None if checkpoint is None else checkpoint.step,
         "excluded_nodes": new_nodes,
@@ -1006,7 +991,3 @@ def _int_or_none(raw: str | None) -> int | None:
     if raw is None or not re.fullmatch(r"[0-9]{1,18}", raw.strip()):
         return None
     return int(raw.strip())
-
-
-def _rfc3339(t: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))

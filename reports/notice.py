@@ -32,7 +32,6 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
 from typing import Any
 
 from trainmedic.events import Event, IncidentEvent
@@ -140,11 +139,6 @@ def severity_for(status: str, fault_class: str | None, rule_severity: str | None
     if status in NEEDS_PERSON:
         return "critical"
     return fault_severity(fault_class, rule_severity)
-
-
-def rfc3339(t: float) -> str:
-    """Unix seconds as RFC 3339 in UTC with milliseconds (CloudEvents `time`, Alertmanager)."""
-    return datetime.fromtimestamp(t, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def _i18n(text: I18nText) -> dict[str, str]:

@@ -70,8 +70,8 @@ from reports.notice import (
     Notice,
     clean_text,
     label,
-    rfc3339,
 )
+from trainmedic.timefmt import rfc3339_ms
 
 LANGS = ("en", "zh", "both")
 
@@ -103,7 +103,7 @@ def cloudevent(n: Notice, *, source: str) -> dict[str, Any]:
         "source": source,
         "type": EVENT_TYPE_PREFIX + ("notification_failed" if n.failed_sink else n.status),
         "subject": n.incident_id,
-        "time": rfc3339(n.time),
+        "time": rfc3339_ms(n.time),
         "datacontenttype": "application/json",
         "data": n.as_dict(),
     }
@@ -239,10 +239,10 @@ def alertmanager_alerts(ns: Sequence[Notice], *, generator_url: str | None = Non
         alert: dict[str, Any] = {
             "labels": labels,
             "annotations": {k: v for k, v in raw_annotations.items() if v},
-            "startsAt": rfc3339(n.time),
+            "startsAt": rfc3339_ms(n.time),
         }
         if not n.firing:
-            alert["endsAt"] = rfc3339(max(now, n.time))
+            alert["endsAt"] = rfc3339_ms(max(now, n.time))
         url = generator_url or n.report_url
         if url:
             alert["generatorURL"] = url

@@ -1,19 +1,41 @@
-"""Reading YAML data files (rules, hang markers, policy) with every problem located as file:line.
+"""Reading YAML data files (rules, hang markers, policy, hints) with every problem located as file:line.
 
-A leaf module: the rule loader, the hang markers and the remediation policy all report their
-problems the same way (the key's own line for an unknown key, the nearest parent otherwise).
+A leaf module: the rule loader, the hang markers, the remediation policy and the hints all read their
+file the same way (bounded, UTF-8: `read_data_file`) and report their problems the same way (the
+key's own line for an unknown key, the nearest parent otherwise).
 """
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainmedic.errors import Problem
 
 if TYPE_CHECKING:
     import yaml
+
+
+def read_data_file(path: Path, limit: int, name: str | None = None) -> tuple[bytes, str] | Problem:
+    """The bytes and the text of a data file of at most `limit` bytes, or the problem (unreadable,
+    too large, not UTF-8) named `name` (the path by default). Never reads more than `limit` + 1 bytes."""
+    name = str(path) if name is None else name
+    try:
+        with path.open("rb") as f:
+            raw = f.read(limit + 1)
+            size = max(len(raw), os.fstat(f.fileno()).st_size) if len(raw) > limit else len(raw)
+    except OSError as exc:
+        return Problem(name, None, f"cannot read: {exc.strerror or exc}")
+    if size > limit:
+        return Problem(name, None, f"file is {size} bytes, over the {limit} limit")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return Problem(name, None, f"not UTF-8: {exc}")
+    return raw, text
 
 
 def node_line(node: yaml.Node | None, loc: Sequence[int | str]) -> int | None:

@@ -56,6 +56,7 @@ from aiokafka.structs import TopicPartition as KafkaTP
 
 from agent.bus.base import Bus, Consumer, Record, TopicPartition
 from agent.telemetry import Telemetry
+from trainmedic.backoff import backoff_delay
 from trainmedic.events import MAX_MESSAGE_BYTES, DeadLetter, Event, Topic, make_event
 
 log = logging.getLogger("trainmedic.bus")
@@ -70,8 +71,7 @@ _LOG_EVERY_S = 10.0
 
 def backoff(attempt: int, base: float = _BACKOFF_BASE, cap: float = _BACKOFF_MAX) -> float:
     """Exponential backoff with full jitter in its upper half: attempt 1 -> [base/2, base]."""
-    delay = min(cap, base * 2.0 ** max(attempt - 1, 0))
-    return delay * (0.5 + random.random() / 2)  # noqa: S311 (jitter, not cryptography)
+    return backoff_delay(attempt - 1, base=base, cap=cap, jitter=(0.5, 1.0))
 
 
 _CODECS = {"gzip": has_gzip, "snappy": has_snappy, "lz4": has_lz4, "zstd": has_zstd}

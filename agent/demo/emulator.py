@@ -71,6 +71,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from remediations.stacks import PROCESS_LIST_SCRIPT
+from trainmedic.timefmt import rfc3339, rfc3339nano
 
 try:
     import kmock as _kmock
@@ -125,19 +126,6 @@ CRDS: dict[str, tuple[str, dict[str, Any]]] = {
 
 def kmock_available() -> bool:
     return kmock is not None
-
-
-def rfc3339(t: float | None = None) -> str:
-    """A metav1.Time: seconds precision, UTC."""
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() if t is None else t))
-
-
-def rfc3339nano(ns: int) -> str:
-    """Go's RFC3339Nano as the kubelet stamps log lines: trailing zeros of the fraction trimmed."""
-    secs, frac = divmod(ns, 1_000_000_000)
-    base = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(secs))
-    digits = f"{frac:09d}".rstrip("0")
-    return f"{base}.{digits}Z" if digits else f"{base}Z"
 
 
 class KubeApiError(RuntimeError):

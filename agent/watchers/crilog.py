@@ -42,7 +42,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import random
 import time
 from collections import deque
 from collections.abc import Callable
@@ -53,6 +52,7 @@ from agent.bus.base import Bus
 from agent.jobindex import JobIndex
 from agent.telemetry import Telemetry
 from agent.watchers.follow import FileFollower, FileId, PositionSaver, PositionStore, Rfc3339, Segment, StartAt
+from trainmedic.backoff import Backoff, poll_forever, retry_until_done
 from trainmedic.events import MAX_MESSAGE_BYTES, Event, JobRef, LogBatch, Topic, make_event
 
 log = logging.getLogger("trainmedic.watchers.crilog")
@@ -233,22 +233,13 @@ class CriLogTailer:
 
     async def run(self) -> None:
         """Tail until cancelled. Failures are logged, counted and retried with backoff."""
-        delay = 1.0
+
+        def failed(delay: float) -> None:
+            log.exception("container log tailer failed; retrying in %.1f s", delay)
+            self.telemetry.watch_errors.labels(source=SOURCE, kind="poll").inc()
+
         try:
-            while True:
-                try:
-                    more = await self.poll_once()
-                    delay = 1.0
-                except asyncio.CancelledError:
-                    raise
-                except Exception:
-                    log.exception("container log tailer failed; retrying in %.1f s", delay)
-                    self.telemetry.watch_errors.labels(source=SOURCE, kind="poll").inc()
-                    await asyncio.sleep(delay * random.uniform(0.8, 1.2))  # noqa: S311 (jitter)
-                    delay = min(delay * 2, 30.0)
-                    continue
-                if not more:
-                    await asyncio.sleep(self.read_interval)
+            await poll_forever(self.poll_once, idle_s=self.read_interval, backoff=Backoff(1.0, 30.0), on_failure=failed)
         finally:
             await self._shutdown()
 
@@ -746,19 +737,14 @@ class CriLogTailer:
         )
 
     async def _publish(self, ev: Event) -> None:
-        delay = 0.5
-        while True:
-            try:
-                await self.bus.publish(Topic.LOGS, ev)
-                return
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:  # noqa: BLE001 (any bus failure is retried; the batch is kept)
-                self.stats.publish_errors += 1
-                self.telemetry.watch_errors.labels(source=SOURCE, kind="publish").inc()
-                log.warning("publishing a log batch failed (%s); retrying in %.1f s", e, delay)
-                await asyncio.sleep(delay * random.uniform(0.8, 1.2))  # noqa: S311 (jitter)
-                delay = min(delay * 2, 30.0)
+
+        def failed(e: Exception, delay: float) -> None:
+            self.stats.publish_errors += 1
+            self.telemetry.watch_errors.labels(source=SOURCE, kind="publish").inc()
+            log.warning("publishing a log batch failed (%s); retrying in %.1f s", e, delay)
+
+        # Any bus failure is retried; the batch is kept.
+        await retry_until_done(lambda: self.bus.publish(Topic.LOGS, ev), Backoff(0.5, 30.0), failed)
 
     def _commit(self, ch: _Chain, b: _Batch) -> None:
         if self.store is not None and (b.fid in ch.live or b.fid in ch.closed):

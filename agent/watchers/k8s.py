@@ -52,7 +52,6 @@ from __future__ import annotations
 
 import abc
 import asyncio
-import calendar
 import concurrent.futures
 import contextlib
 import http.client
@@ -78,6 +77,7 @@ from agent.bus.base import Bus
 from agent.jobindex import JobIndex, PodInfo, pod_info
 from agent.telemetry import Telemetry
 from remediations.kube import api_message, own_client, retry_after
+from trainmedic.backoff import Backoff, backoff_delay
 from trainmedic.errors import PermanentError, TemporaryError, TrainmedicError
 from trainmedic.events import (
     JobRef,
@@ -90,6 +90,8 @@ from trainmedic.events import (
     make_event,
 )
 from trainmedic.models import Source
+from trainmedic.quantity import parse_quantity
+from trainmedic.timefmt import parse_rfc3339_ns
 from udal.registry import detect_chip, load_plugins, plugin_of_resource
 
 if TYPE_CHECKING:
@@ -223,31 +225,6 @@ def _str_map(v: Any, *, limit: int = 256, value_max: int = 1024) -> dict[str, st
         if isinstance(k, str) and isinstance(val, str | int | float | bool):
             out[k] = str(val)[:value_max]
     return out
-
-
-_RFC3339 = re.compile(r"^(\d{4})-(\d{2})-(\d{2})[Tt ](\d{2}):(\d{2}):(\d{2})(?:\.(\d+))?(Z|z|[+-]\d{2}:?\d{2})$")
-
-
-def parse_rfc3339_ns(text: str) -> int | None:
-    """Nanoseconds since the epoch of an RFC 3339 / RFC3339Nano time (kubelet log stamps, object times)."""
-    m = _RFC3339.match(text)
-    if m is None:
-        return None
-    year, month, day, hh, mm, ss = (int(g) for g in m.group(1, 2, 3, 4, 5, 6))
-    try:
-        secs = calendar.timegm((year, month, day, hh, mm, ss, 0, 0, 0))
-    except (ValueError, OverflowError):
-        return None
-    if not (1 <= month <= 12 and 1 <= day <= 31 and hh < 24 and mm < 60 and ss <= 60):
-        return None
-    frac = m.group(7) or ""
-    nanos = int((frac + "000000000")[:9])
-    zone = m.group(8)
-    if zone not in ("Z", "z"):
-        sign = 1 if zone[0] == "+" else -1
-        digits = zone[1:].replace(":", "")
-        secs -= sign * (int(digits[:2]) * 3600 + int(digits[2:]) * 60)
-    return secs * 1_000_000_000 + nanos
 
 
 def _time_s(v: Any) -> float | None:
@@ -684,9 +661,7 @@ def _quantity(v: Any) -> int | None:
         return v
     if isinstance(v, str):
         with contextlib.suppress(ValueError):
-            return int(v)
-        with contextlib.suppress(ValueError):
-            return int(float(v))
+            return int(parse_quantity(v))
     return None
 
 
@@ -1315,8 +1290,8 @@ class Reflector:
 
     def backoff(self, attempt: int) -> float:
         s = self.settings
-        delay = min(s.backoff_max_s, s.backoff_base_s * (2 ** min(attempt, 30)))
-        return float(delay * random.uniform(1 - s.backoff_jitter, 1 + s.backoff_jitter))  # noqa: S311 (jitter)
+        jitter = (1 - s.backoff_jitter, 1 + s.backoff_jitter)
+        return backoff_delay(min(attempt, 30), base=s.backoff_base_s, cap=s.backoff_max_s, jitter=jitter)
 
     # -- the loop ----------------------------------------------------------------------------------
 
@@ -1781,7 +1756,7 @@ class WorkloadHandler(Handler):
 
 async def guarded(name: str, run: Callable[[], Any], telemetry: Telemetry, source: str) -> None:
     """Run a long-lived coroutine until cancelled; log, count and restart it (with backoff) if it fails."""
-    delay = 1.0
+    backoff = Backoff(1.0, 60.0)
     while True:
         try:
             await run()
@@ -1789,10 +1764,9 @@ async def guarded(name: str, run: Callable[[], Any], telemetry: Telemetry, sourc
         except asyncio.CancelledError:
             raise
         except Exception:
-            log.exception("%s failed; restarting in %.0f s", name, delay)
+            log.exception("%s failed; restarting in %.0f s", name, backoff.current)
             telemetry.watch_errors.labels(source=source, kind="crash").inc()
-        await asyncio.sleep(delay * random.uniform(0.8, 1.2))  # noqa: S311 (jitter)
-        delay = min(delay * 2, 60.0)
+        await asyncio.sleep(backoff.next())
 
 
 @dataclass

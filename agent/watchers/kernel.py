@@ -30,13 +30,13 @@ import contextlib
 import json
 import logging
 import os
-import random
 import re
 import select
 import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -52,6 +52,7 @@ from agent.watchers.follow import (
     Rfc3339,
     StartAt,
 )
+from trainmedic.backoff import Backoff, poll_forever, retry_until_done
 from trainmedic.errors import PermanentError
 from trainmedic.events import MAX_MESSAGE_BYTES, Event, KernelBatch, Topic, make_event, node_key
 
@@ -277,21 +278,17 @@ class _Publisher:
             await self.publish(lines[half:], times[half:], first_line + half)
             return
         for ev in events:
-            delay = 0.5
-            while True:
-                try:
-                    await self.bus.publish(Topic.KERNEL, ev)
-                    break
-                except asyncio.CancelledError:
-                    raise
-                except Exception as e:  # noqa: BLE001 (any bus failure is retried; the batch is kept)
-                    self.publish_errors += 1
-                    self.telemetry.watch_errors.labels(source=self.source, kind="publish").inc()
-                    log.warning("publishing kernel lines failed (%s); retrying in %.1f s", e, delay)
-                    await asyncio.sleep(delay * random.uniform(0.8, 1.2))  # noqa: S311 (jitter)
-                    delay = min(delay * 2, 30.0)
+            # Any bus failure is retried; the batch is kept.
+            await retry_until_done(
+                partial(self.bus.publish, Topic.KERNEL, ev), Backoff(0.5, 30.0), self._publish_failed
+            )
         self.published_lines += len(lines)
         self.telemetry.lines_in.labels(source=self.source).inc(len(lines))
+
+    def _publish_failed(self, e: Exception, delay: float) -> None:
+        self.publish_errors += 1
+        self.telemetry.watch_errors.labels(source=self.source, kind="publish").inc()
+        log.warning("publishing kernel lines failed (%s); retrying in %.1f s", e, delay)
 
 
 async def _together(*coros: Awaitable[None]) -> None:
@@ -430,7 +427,7 @@ class KmsgSource:
         parser = KmsgParser()
         poller = self._poller(f)
         overrun = False
-        delay = 0.5
+        backoff = Backoff(0.5, 30.0, jitter=(1.0, 1.0))  # a reader thread: no jitter needed
         try:
             while not stop.is_set():
                 if poller is not None and not poller.poll(self.poll_timeout * 1000):
@@ -445,12 +442,11 @@ class KmsgSource:
                 except InterruptedError:
                     continue
                 except OSError as e:
-                    log.warning("reading %s failed: %s (retrying in %.1f s)", self.path, e, delay)
+                    log.warning("reading %s failed: %s (retrying in %.1f s)", self.path, e, backoff.current)
                     self.telemetry.watch_errors.labels(source=self.SOURCE, kind="read_error").inc()
-                    stop.wait(delay)
-                    delay = min(delay * 2, 30.0)
+                    stop.wait(backoff.next())
                     continue
-                delay = 0.5
+                backoff.reset()
                 if not data:
                     stop.wait(0.1)  # a regular file or FIFO at its end (the device never ends)
                     continue
@@ -591,22 +587,13 @@ class KernelFileSource:
 
     async def run(self) -> None:
         """Follow the file until cancelled; read failures are logged and retried with backoff."""
-        delay = 1.0
+
+        def failed(delay: float) -> None:
+            log.exception("kernel log file source failed; retrying in %.1f s", delay)
+            self.telemetry.watch_errors.labels(source=self.SOURCE, kind="poll").inc()
+
         try:
-            while True:
-                try:
-                    more = await self.poll_once()
-                    delay = 1.0
-                except asyncio.CancelledError:
-                    raise
-                except Exception:
-                    log.exception("kernel log file source failed; retrying in %.1f s", delay)
-                    self.telemetry.watch_errors.labels(source=self.SOURCE, kind="poll").inc()
-                    await asyncio.sleep(delay * random.uniform(0.8, 1.2))  # noqa: S311 (jitter)
-                    delay = min(delay * 2, 30.0)
-                    continue
-                if not more:
-                    await asyncio.sleep(self.poll_interval)
+            await poll_forever(self.poll_once, idle_s=self.poll_interval, backoff=Backoff(1.0, 30.0), on_failure=failed)
         finally:
             inflight = self._inflight
             if inflight is not None:
@@ -843,7 +830,7 @@ class JournaldSource:
 
     async def _follow(self) -> None:
         loop = asyncio.get_running_loop()
-        delay = self.backoff_initial
+        backoff = Backoff(self.backoff_initial, self.backoff_max)
         while True:
             argv = self.argv()
             try:
@@ -876,15 +863,14 @@ class JournaldSource:
             self.restarts += 1
             self.telemetry.watch_errors.labels(source=self.SOURCE, kind="exited").inc()
             if got or loop.time() - started > 30.0:
-                delay = self.backoff_initial
+                backoff.reset()
             log.warning(
                 "journalctl exited with status %s%s; starting it again in %.1f s",
                 rc,
                 f": {tail}" if tail else "",
-                delay,
+                backoff.current,
             )
-            await asyncio.sleep(delay * random.uniform(0.8, 1.2))  # noqa: S311 (jitter)
-            delay = min(delay * 2, self.backoff_max)
+            await asyncio.sleep(backoff.next())
 
     async def _stderr_tail(self, stream: asyncio.StreamReader) -> str:
         tail: list[str] = []

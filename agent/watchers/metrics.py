@@ -42,6 +42,7 @@ from typing import Any, Protocol
 from agent.bus.base import Bus
 from agent.jobindex import JobIndex
 from agent.telemetry import Telemetry
+from trainmedic.backoff import backoff_delay
 from trainmedic.errors import TemporaryError
 from trainmedic.events import Event, JobRef, MetricBatch, MetricSample, Topic, make_event
 from trainmedic.models import Chip
@@ -252,8 +253,9 @@ class PrometheusSource:
 
     def backoff(self, failures: int) -> float:
         """The delay after `failures` consecutive failures: base * 2^(n-1), capped, times U(0.5, 1)."""
-        raw = min(self.max_backoff_s, self.backoff_base_s * 2.0 ** min(max(failures - 1, 0), 30))
-        return raw * (0.5 + 0.5 * self._rng.random())
+        return backoff_delay(
+            failures - 1, base=self.backoff_base_s, cap=self.max_backoff_s, jitter=(0.5, 1.0), rng=self._rng
+        )
 
     async def poll_once(self) -> list[Event]:
         """One query, mapped and published; returns the events published."""

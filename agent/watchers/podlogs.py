@@ -32,7 +32,6 @@ import asyncio
 import contextlib
 import logging
 import math
-import random
 import time
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -56,10 +55,11 @@ from agent.watchers.k8s import (
     classify,
     guarded,
     object_key,
-    parse_rfc3339_ns,
     watch_client,
 )
+from trainmedic.backoff import backoff_delay
 from trainmedic.events import LogBatch, Topic
+from trainmedic.timefmt import parse_rfc3339_ns
 
 log = logging.getLogger("trainmedic.watchers.podlogs")
 
@@ -293,11 +293,10 @@ class _Follower:
         s = self.owner.settings
         if outcome == "data":
             self._quiet = 0
-            delay = s.settle_s
+            delay = backoff_delay(0, base=s.settle_s, cap=s.settle_s)
         else:
-            delay = min(s.backoff_max_s, max(s.settle_s, s.backoff_base_s) * 2**self._quiet)
+            delay = backoff_delay(self._quiet, base=max(s.settle_s, s.backoff_base_s), cap=s.backoff_max_s)
             self._quiet = min(self._quiet + 1, 20)
-        delay *= random.uniform(0.8, 1.2)  # noqa: S311 (jitter)
         # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation that arrives as
         # its awaitable completes, and the follower would outlive the agent's shutdown.
         with contextlib.suppress(TimeoutError):

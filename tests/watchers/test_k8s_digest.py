@@ -26,10 +26,10 @@ from agent.watchers.k8s import (
     container_digest,
     k8s_event,
     node_status,
-    parse_rfc3339_ns,
     pod_digest,
     workload_status,
 )
+from trainmedic.timefmt import parse_rfc3339_ns
 
 
 @pytest.mark.parametrize(
