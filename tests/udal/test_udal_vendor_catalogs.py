@@ -386,7 +386,12 @@ def test_hccl_codes_carry_the_registry_causes_and_steps(code: str) -> None:
 @pytest.mark.parametrize(
     ("code", "fault_class", "causes", "first_step"),
     [
-        ("hccl_heartbeat_lost", FaultClass.HANG, ("Process has exited", "Network Disconnected"), "检查所有卡的报错情况"),
+        (
+            "hccl_heartbeat_lost",
+            FaultClass.HANG,
+            ("Process has exited", "Network Disconnected"),
+            "检查所有卡的报错情况",
+        ),
         ("hccl_stuck", FaultClass.HANG, ("Process is stuck",), "检查所有卡的报错情况"),
         (
             "aicpu_exception",
