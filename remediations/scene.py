@@ -16,8 +16,10 @@ for tools that analyse it again (`trainmedic diagnose --scene DIR`):
         events.yaml            core/v1 events about the job, its pods and their nodes
         objects/workload.yaml  the workload as it was: what a crashed restart recreates it from
         objects/pods/<pod>.yaml, objects/nodes/<node>.yaml
-        kernel.log             the nodes' kernel lines around the fault, node after node (sections
-                               in the manifest)
+        layout/<node>/dmesg    the node's kernel lines around the fault, oldest first, beside its
+                               containers' logs (manifest `kernel_sections`), so a bundle read as a
+                               collected layout (`diagnose --logs`) names the node of a host fault as
+                               `--scene` does; bundles written before keep them in one `kernel.log`
         metrics.json           the nodes' accelerator metrics before the fault
         checkpoints.json       the checkpoint listing
         stacks/<pod>.txt       for a hang: the Python stacks of the training processes, taken before
@@ -48,6 +50,7 @@ may hold a secret.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import json
 import math
@@ -1392,47 +1395,48 @@ async def _collect_kernel(
         return []
     share = max(1, settings.max_kernel_lines // len(per_node))
     sections: list[dict[str, Any]] = []
-    parts: list[str] = []
-    line_no = 1
     for node, lines in per_node:
+        rel = kernel_rel(node)
         kept = lines
         if len(kept) > share:
             writer.problem(
-                f"kernel.log ({node})",
+                rel,
                 f"{len(kept)} kernel lines in the window, the last {share} kept",
                 f"时间窗口内共 {len(kept)} 行内核日志，保留最后 {share} 行",
             )
             kept = kept[-share:]
-        text = "\n".join(line.replace("\r", "") for _, line in kept)
-        n = text.count("\n") + 1
-        parts.append(text)
+        raw = ("\n".join(line.replace("\r", "") for _, line in kept) + "\n").encode("utf-8", "replace")
+        # A kernel finding's evidence is in its own node's file; one without a node in the first that has it.
+        mine = [
+            i
+            for i, f in enumerate(findings)
+            if f.source is Source.KERNEL and needles[i] and i not in evidence and f.node in (node, None)
+        ]
+        entry, hits = await writer.run(
+            functools.partial(
+                writer.put_text, rel, "kernel", raw, meta={"node": node}, needles=[needles[i] for i in mine]
+            )
+        )
+        if entry is None:
+            continue
         sections.append(
             {
                 "node": node,
-                "first_line": line_no,
-                "last_line": line_no + n - 1,
+                "path": rel,
+                "first_line": 1,
+                "last_line": entry["lines"],
                 "first_time": kept[0][0],
                 "last_time": kept[-1][0],
             }
         )
-        line_no += n
-    raw = ("\n".join(parts) + "\n").encode("utf-8", "replace")
-    mine = [i for i, f in enumerate(findings) if f.source is Source.KERNEL and needles[i] and i not in evidence]
-    entry, hits = await writer.run(
-        lambda: writer.put_text("kernel.log", "kernel", raw, meta={}, needles=[needles[i] for i in mine])
-    )
-    if entry is None:
-        return []
-    if entry["truncated"] or entry.get("cut_lines"):
-        # Cutting changed the line numbers the sections point at: the sections no longer hold.
-        writer.problem(
-            "kernel.log",
-            "cut to the per-file cap; node sections are approximate",
-            "已按单文件上限截断；节点分段仅供参考",
-        )
-    for j, (first, last) in hits.items():
-        evidence[mine[j]] = {"path": "kernel.log", "line": first, "last_line": last}
+        for j, (first, last) in hits.items():
+            evidence[mine[j]] = {"path": rel, "line": first, "last_line": last}
     return sections
+
+
+def kernel_rel(node: str) -> str:
+    """Where a node's kernel lines go: `layout/<node>/dmesg`, beside that node's container logs."""
+    return f"layout/{_safe(node)}/dmesg"
 
 
 def _write_objects(writer: _Writer, inputs: SceneInputs, pods: list[_PodInfo]) -> None:
@@ -1535,7 +1539,8 @@ class SceneLog:
     node: str | None = None
     rank: int | None = None
     previous: bool = False
-    # Kernel sections: the lines of kernel.log that are this node's.
+    # Kernel sections: the lines of the file that are this node's (all of layout/<node>/dmesg; a
+    # range of kernel.log in bundles written before).
     first_line: int = 1
     last_line: int | None = None
 
@@ -1598,19 +1603,19 @@ class LoadedScene:
     def logs(self) -> list[SceneLog]:
         """Kernel sections (node by node), then every container log (previous before current)."""
         out: list[SceneLog] = []
-        if self.has("kernel.log"):
-            for s in self.manifest.get("kernel_sections") or []:
-                if isinstance(s, dict) and isinstance(s.get("first_line"), int):
-                    out.append(
-                        SceneLog(
-                            path=self.file("kernel.log"),
-                            rel="kernel.log",
-                            source=Source.KERNEL,
-                            node=str(s.get("node") or "") or None,
-                            first_line=int(s["first_line"]),
-                            last_line=int(s["last_line"]) if isinstance(s.get("last_line"), int) else None,
-                        )
+        for s in self.manifest.get("kernel_sections") or []:
+            rel = s.get("path", "kernel.log") if isinstance(s, dict) else None
+            if isinstance(rel, str) and self.has(rel) and isinstance(s.get("first_line"), int):
+                out.append(
+                    SceneLog(
+                        path=self.file(rel),
+                        rel=rel,
+                        source=Source.KERNEL,
+                        node=str(s.get("node") or "") or None,
+                        first_line=int(s["first_line"]),
+                        last_line=int(s["last_line"]) if isinstance(s.get("last_line"), int) else None,
                     )
+                )
         for p in self.manifest.get("pods") or []:
             if not isinstance(p, dict):
                 continue

@@ -279,3 +279,99 @@ def test_logs_and_scene_are_one_or_the_other(argv: list[str], capsys: pytest.Cap
         main(argv)
     assert exc.value.code == 2
     assert "--logs" in capsys.readouterr().err
+
+
+# -- host faults in a saved bundle ------------------------------------------------------------------------
+
+READ_ONLY = [
+    "[ 5012.330416] EXT4-fs error (device sda2): ext4_find_entry:1455: inode #2: comm python3: "
+    "reading directory lblock 0",
+    "[ 5012.330911] EXT4-fs (sda2): Remounting filesystem read-only",
+]
+BENIGN_KERNEL = [
+    "[ 4990.100000] mlx5_core 0000:3b:00.0 ens1f0np0: Link up",
+    "[ 4990.200000] EDAC MC0: 1 CE memory read error",
+]
+
+
+def _host_fault_bundle(tmp_path: Path) -> Path:
+    """node-b's kernel remounted its disk read-only, node-a's printed only benign lines; the kernel
+    lines name no host (dmesg form), so only where the bundle puts them says which node they are."""
+    d = DiagnosisEvent(
+        diagnosis_id="d", job=JOB, window_start=0.0, window_end=1.0, diagnosis={"root_cause": None, "findings": []}
+    )
+    inputs = SceneInputs(
+        incident_id="inc-host",
+        diagnosis=d,
+        pods=[pod(n, *PLACES[n]) for n in PLACES],
+        kernel_lines={
+            "node-a": [(99.0, line) for line in BENIGN_KERNEL],
+            "node-b": [(99.5, line) for line in READ_ONLY],
+        },
+        now=100.0,
+    )
+    logs = {"llama-0": HEALTHY, "llama-1": HEALTHY}
+    return asyncio.run(save_scene(tmp_path, inputs, Source(logs), SceneSettings(durable=False))).dir
+
+
+@pytest.mark.parametrize("how", ["--scene", "--logs"])
+def test_a_host_fault_in_a_bundle_is_its_nodes(how: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The bundle keeps each node's kernel lines in layout/<node>/dmesg: diagnosed as a scene or as a
+    collected layout, the read-only remount is node-b's, and node-a's benign lines are nothing."""
+    bundle = _host_fault_bundle(tmp_path)
+    assert (bundle / "layout" / "node-b" / "dmesg").read_text().splitlines() == READ_ONLY
+    assert main(["diagnose", how, str(bundle), "--format", "json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    rc = out["root_cause"]
+    assert (rc["fault_class"], rc["code"], rc["node"], rc["device"], rc["rank"]) == (
+        "storage_error",
+        "fs_error",
+        "node-b",
+        None,
+        None,
+    )
+    assert {f["node"] for f in out["findings"]} == {"node-b"}
+    # --scene names the file within the bundle, --logs by its path.
+    assert all(f["file"].endswith("layout/node-b/dmesg") for f in out["findings"])
+
+
+def test_a_bundle_with_one_kernel_log_still_loads(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Bundles written before kept every node's kernel lines in one kernel.log, in sections: --scene
+    still reads each section as its node's."""
+    import hashlib
+
+    bundle = _host_fault_bundle(tmp_path)
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    texts = []
+    sections = []
+    line = 1
+    for s in manifest["kernel_sections"]:
+        text = (bundle / s["path"]).read_bytes()
+        n = text.count(b"\n")
+        texts.append(text)
+        sections.append({k: v for k, v in s.items() if k != "path"} | {"first_line": line, "last_line": line + n - 1})
+        line += n
+        (bundle / s["path"]).unlink()
+    data = b"".join(texts)
+    (bundle / "kernel.log").write_bytes(data)
+    files = [e for e in manifest["files"] if e.get("kind") != "kernel"]
+    files.append(
+        {
+            "path": "kernel.log",
+            "kind": "kernel",
+            "bytes": len(data),
+            "sha256": hashlib.sha256(data).hexdigest(),
+            "truncated": False,
+            "lines": data.count(b"\n"),
+            "redactions": 0,
+        }
+    )
+    manifest["files"], manifest["kernel_sections"] = files, sections
+    (bundle / "manifest.json").write_text(json.dumps(manifest))
+    assert [(log.rel, log.node, log.first_line) for log in load_scene(bundle).logs() if log.rel == "kernel.log"] == [
+        ("kernel.log", "node-a", 1),
+        ("kernel.log", "node-b", 3),
+    ]
+    assert main(["diagnose", "--scene", str(bundle), "--format", "json"]) == 0
+    rc = json.loads(capsys.readouterr().out)["root_cause"]
+    assert (rc["fault_class"], rc["node"]) == ("storage_error", "node-b")

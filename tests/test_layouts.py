@@ -31,6 +31,10 @@ EXPECTED: dict[str, tuple[object, ...]] = {
     # A device error in node-c's device log (device 1: its folder; rank 5: the rank table); the
     # other ranks only time out (EI0002 naming remote rank 5) and are its evidence.
     "ascend-4n-device-error": ("device_error", "0x80C98000", "node-c", "1", 5, []),
+    # node-b device 1 (rank 3) runs out of RoCE retransmissions (error CQE, EI0013, in its plog);
+    # ranks 0 and 5 only time out waiting on rank 3 (EI0002): the link error is the root, the
+    # timeouts its evidence.
+    "ascend-3n-link-error": ("comm_error", "EI0013", "node-b", "1", 3, ["rank 0", "rank 3"]),
     # Peers known only by a host IP (gloo's "Connection closed by peer"): the rank table's server
     # with that IP is node-c (its device IPs are node-c's hccn_tool outputs), rank 2.
     "ascend-4n-ip-only-peer": ("comm_error", "peer_closed", "node-c", "0", 2, ["rank 0", "rank 2"]),
@@ -69,6 +73,26 @@ def test_root_names_node_device_rank(name: str, re_engine: Engine) -> None:
     if chain:
         assert rc.chain_places[-1].node == node
         assert rc.chain_places[-1].device == device
+
+
+@pytest.mark.parametrize(
+    ("name", "root_codes", "waiting"),
+    [
+        # The device error and the link error are the root; every timeout naming them is evidence.
+        ("ascend-4n-device-error", {"0x80C98000"}, {0, 1, 2, 3, 4, 6, 7}),
+        ("ascend-3n-link-error", {"EI0013"}, {0, 5}),
+    ],
+)
+def test_peer_timeouts_are_evidence_not_roots(
+    name: str, root_codes: set[str], waiting: set[int], re_engine: Engine
+) -> None:
+    diagnosis = diagnose_paths([str(LAYOUTS / name)], re_engine)
+    assert diagnosis.root_cause is not None
+    assert diagnosis.root_cause.code in root_codes
+    timeouts = [f for f in diagnosis.findings if f.code == "EI0002"]
+    assert {f.rank for f in timeouts} == waiting
+    assert all(f.consequence_of == diagnosis.root_cause.code for f in timeouts)
+    assert all(f.consequence_of is None for f in diagnosis.findings if f.code in root_codes)
 
 
 @pytest.mark.parametrize(

@@ -318,7 +318,13 @@ async def test_xid79_quarantines_the_node_and_resumes_the_job_elsewhere(env: Env
     logs = {c["log"] for p in manifest["pods"] for c in p["containers"]}
     assert {p["name"] for p in manifest["pods"]} >= {p["metadata"]["name"] for p in pods}
     assert logs <= paths and all(x.startswith("layout/") for x in logs)
-    assert "objects/workload.yaml" in paths and "checkpoints.json" in paths and "kernel.log" in paths
+    assert "objects/workload.yaml" in paths and "checkpoints.json" in paths
+    # The nodes' kernel lines lie beside their containers' logs (layout/<node>/dmesg).
+    assert {s["path"] for s in manifest["kernel_sections"]} <= paths
+    assert all(
+        p.startswith("layout/") and p.endswith("/dmesg") for p in {s["path"] for s in manifest["kernel_sections"]}
+    )
+    assert manifest["kernel_sections"]
     assert manifest["root_cause"]["code"] == "xid:79"
     listing = json.loads((env.tmp / "scenes" / incident_id / "checkpoints.json").read_text())
     assert any(not c["complete"] for c in (listing if isinstance(listing, list) else listing["checkpoints"]))

@@ -449,7 +449,7 @@ def test_context_is_json_and_complete(ctx: dict[str, Any]) -> None:
     root = ctx["evidence"]["items"][0]
     assert (
         root["is_root"]
-        and root["file"] == "kernel.log"
+        and root["file"] == "layout/gpu-b/dmesg"
         and any(c["hit"] and c["text"] == XID79 for c in root["context"])
     )
     assert ctx["metrics"]["available"] and ctx["metrics"]["charts"][0]["node"] == "gpu-b"
@@ -834,7 +834,11 @@ def test_evidence_is_capped(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     "rel",
-    ["kernel.log", "layout/gpu-b/rank1_llama-worker-1_trainer.log", "layout/gpu-a/rank0_llama-worker-0_trainer.log"],
+    [
+        "layout/gpu-b/dmesg",
+        "layout/gpu-b/rank1_llama-worker-1_trainer.log",
+        "layout/gpu-a/rank0_llama-worker-0_trainer.log",
+    ],
 )
 def test_lines_read_from_the_end_match_a_forward_read(rel: str, built: Built) -> None:
     from agent.reporting import _Bundle

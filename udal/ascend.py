@@ -4,7 +4,8 @@ Codes: device fault codes as `0x80C98000` (upper-case hex, MindCluster level in 
 CANN error codes verbatim (`EI0002`, `EJ0001`, `EL0004`, `EE9999`, `EZ9999`, `E19999`), ACL / runtime /
 GE return codes as `acl:<n>` (`acl:507015`; written in logs as the number or the ACL_ERROR_* name),
 HcclResult return values as `hccl:<n>`, torch_npu codes `ERR02200` etc., and `npu_oom`. The catalog is
-three files (ascend_catalog.yaml first, ascend_acl_catalog.yaml, ascend_cann_catalog.yaml).
+four files (ascend_catalog.yaml first, ascend_acl_catalog.yaml, ascend_cann_catalog.yaml,
+ascend_hccl_guide_catalog.yaml).
 """
 
 from __future__ import annotations
@@ -103,7 +104,7 @@ class AscendPlugin(ChipPlugin):
     }
     action_map = ACTION_MAP
     catalog_file = "ascend_catalog.yaml"
-    extra_catalog_files = ("ascend_acl_catalog.yaml", "ascend_cann_catalog.yaml")
+    extra_catalog_files = ("ascend_acl_catalog.yaml", "ascend_cann_catalog.yaml", "ascend_hccl_guide_catalog.yaml")
 
     PCI_VENDOR_ID = "19e5"
 

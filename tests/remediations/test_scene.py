@@ -271,8 +271,8 @@ async def test_bundle_of_a_two_pod_job(tmp_path: Path, re_engine: Engine) -> Non
         "findings.json",
         "checkpoints.json",
         "events.yaml",
-        "kernel.log",
         "metrics.json",
+        "layout/node-a/dmesg",
         "layout/node-a/rank0_llama-0_trainer.log",
         "layout/node-b/rank1_llama-1_trainer.log",
         "layout/node-b/rank1_llama-1_trainer.previous.log",
@@ -305,10 +305,18 @@ async def test_bundle_of_a_two_pod_job(tmp_path: Path, re_engine: Engine) -> Non
     saved_events = yaml.safe_load(files["events.yaml"])
     assert sorted(e["reason"] for e in saved_events) == ["BackOff", "NodeNotReady", "Started", "SuccessfulCreate"]
     # Kernel lines of the window [fault - 10 min, fault + 1 min]; the fault is the earliest finding.
-    assert files["kernel.log"].decode().splitlines() == [XID79, "after it"]
+    # They lie beside the node's container logs, where a collected layout has them.
+    assert files["layout/node-a/dmesg"].decode().splitlines() == [XID79, "after it"]
     assert manifest["fault_time"] == "2025-12-31T23:59:55Z"
     assert manifest["kernel_sections"] == [
-        {"node": "node-a", "first_line": 1, "last_line": 2, "first_time": NOW - 5, "last_time": NOW + 30}
+        {
+            "node": "node-a",
+            "path": "layout/node-a/dmesg",
+            "first_line": 1,
+            "last_line": 2,
+            "first_time": NOW - 5,
+            "last_time": NOW + 30,
+        }
     ]
     # Metrics before the fault; a node without them is a problem, not a failure.
     saved_metrics = json.loads(files["metrics.json"])
@@ -329,7 +337,7 @@ async def test_bundle_of_a_two_pod_job(tmp_path: Path, re_engine: Engine) -> Non
     log = "layout/node-b/rank1_llama-1_trainer.log"
     assert by_code[watchdog.code]["evidence"] == {"path": log, "line": 31, "last_line": 31}
     assert by_code[watchdog.code]["pod"] == "llama-1" and by_code[watchdog.code]["rank"] == 1
-    assert by_code[xid.code]["evidence"] == {"path": "kernel.log", "line": 1, "last_line": 1}
+    assert by_code[xid.code]["evidence"] == {"path": "layout/node-a/dmesg", "line": 1, "last_line": 1}
     assert set(doc["findings"][0]) >= {"rule_id", "fault_class", "chip", "code", "source", "line_no", "text", "file"}
     # The manifest says what the bundle is about.
     assert manifest["schema_version"] == 1 and manifest["incident_id"] == "inc-1"

@@ -381,3 +381,40 @@ def test_hccl_codes_carry_the_registry_causes_and_steps(code: str) -> None:
     assert entry is not None
     assert entry.steps
     assert len(entry.steps) == len(set(entry.steps))
+
+
+@pytest.mark.parametrize(
+    ("code", "fault_class", "causes", "first_step"),
+    [
+        (
+            "hccl_heartbeat_lost",
+            FaultClass.HANG,
+            ("Process has exited", "Network Disconnected"),
+            "检查所有卡的报错情况",
+        ),
+        ("hccl_stuck", FaultClass.HANG, ("Process is stuck",), "检查所有卡的报错情况"),
+        (
+            "aicpu_exception",
+            FaultClass.DEVICE_ERROR,
+            (
+                "data input mismatch (including data format or broadcast dimension)",
+                "out-of-bounds access",
+                "AI CPU thread suspension",
+                "operator execution timeout (30 seconds by default)",
+            ),
+            "Check the logs of the AI CPU",
+        ),
+    ],
+)
+def test_rule_codes_carry_the_guides_causes_and_ordered_steps(
+    code: str, fault_class: FaultClass, causes: tuple[str, ...], first_step: str
+) -> None:
+    """Codes rules give to CANN lines without a vendor code: the HCCL guide's and CANN troubleshooting's
+    causes and steps (udal/ascend_hccl_guide_catalog.yaml), in the published order."""
+    entry = udal.lookup(Chip.ASCEND, code)
+    assert entry is not None
+    assert entry.fault_class is fault_class
+    assert entry.causes == causes
+    assert entry.steps[0].startswith(first_step)
+    assert len(entry.steps) == len(set(entry.steps))
+    assert entry.note

@@ -1,0 +1,71 @@
+"""CANN runtime faults in plog / device-log form (rules/ascend_cann.yaml, rules/ascend_hccl.yaml): an AI
+CPU task exception is one root naming its device and operator, not the return code that comes with it;
+a runtime exception on an AI Core or vector core is a device exception; an error CQE is an execution
+fault naming the local device even when the plog printed only communicator initialisation before it.
+Lines as CANN troubleshooting and the HCCL User Guide print them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from detectors.diagnose import diagnose_paths
+from detectors.engine import Engine
+
+INIT = (
+    "[INFO] HCCL(16243,python):2025-11-22-17:37:00.448.967 [op_base.cc:1292] [16243]Entry-HcclCommInitRootInfoInner:"
+    "ranks[8], rank[3], rootinfo: host ip[10.0.0.1] port[60000] nicDeploy[1] identifier[10.0.0.1%enp_60000_0_1], "
+    "deviceLogicId[3]"
+)
+
+CASES = {
+    "aicpu": (
+        [
+            "[ERROR] RUNTIME(16243,python):2025-11-22-17:41:01.790.101 [engine.cc:1103]16282 ReportExceptProc:Task "
+            "exception! device_id=3, stream_id=7, task_id=2, type=1, retCode=0x2a, [aicpu exception].",
+            "[ERROR] RUNTIME(16243,python):2025-11-22-17:41:01.791.220 [task.cc:777]16282 PrintAicpuErrorInfo:Aicpu "
+            "kernel execute failed, device_id=3, stream_id=7, task_id=2, flip_num=0, fault so_name=, fault "
+            "kernel_name=, fault op_name=Unique, extend_info=(info_type:4, info_len:6, msg_info:Unique).",
+            "[ERROR] RUNTIME(16243,python):2025-11-22-17:41:01.794.500 [api_c.cc:661]16243 rtStreamSynchronize:"
+            "[EXEC][DEFAULT]ErrCode=507018, desc=[aicpu exception], InnerCode=0x715002a",
+            "[ERROR] RUNTIME(16243,python):2025-11-22-17:41:01.794.532 [error_message_manage.cc:49]16243 "
+            "FuncErrorReason:[EXEC][DEFAULT]rtStreamSynchronize execute failed, reason=[aicpu exception]",
+        ],
+        ("device_error", "aicpu_exception", "3"),
+    ),
+    "vector-core": (
+        [
+            "       Kernel task happen error, retCode=0x31, [vector core exception].[FUNC:PreCheckTaskErr]"
+            "[FILE:davinci_kernel_task.cc][LINE:1729]",
+            "       rtStreamSynchronize execute failed, reason=[vector core exception][FUNC:FuncErrorReason]"
+            "[FILE:error_message_manage.cc][LINE:53]",
+        ],
+        ("device_error", "device_exception", None),
+    ),
+    "error-cqe-after-init": (
+        [
+            INIT,
+            "[ERROR] ROCE(16243,python):2025-11-22-17:41:12.776.612 [hns_roce_lite.c:630]"
+            "hns_roce_lite_handle_error_cqe(630) : error cqe status: 0x15",
+            "[ERROR] HCCL(16243,python):2025-11-22-17:41:13.001.310 [task_exception_handler.cc:612] [16243]Execution "
+            "Error ROCE CQE(EI0013): An error CQE occurred during operator execution. Local information: server "
+            "10.0.0.1, device ID 3, device IP 192.168.1.13. Peer information: server 10.0.0.2, device ID 0, device "
+            "IP 192.168.2.10.",
+        ],
+        ("comm_error", "EI0013", "3"),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_runtime_fault_root(name: str, tmp_path: Path, re_engine: Engine) -> None:
+    lines, (fault_class, code, device) = CASES[name]
+    log = tmp_path / "plog-16243_20251122173500123.log"
+    log.write_text("".join(f"{line}\n" for line in lines))
+    diagnosis = diagnose_paths([str(log)], re_engine)
+    rc = diagnosis.root_cause
+    assert rc is not None
+    assert (rc.fault_class.value, rc.code, rc.device) == (fault_class, code, device)
+    # One failure, one non-consequence root: the return code or the other forms never outrank it.
+    assert {f.code for f in diagnosis.findings} - {code, "acl:507018"} == set()
