@@ -320,6 +320,32 @@ async def test_list_in_chinese(store: IncidentStore, varied: dict[str, str]) -> 
 # The incident page
 
 
+@pytest.mark.parametrize("shape", ["bare", "event"])
+@pytest.mark.asyncio
+async def test_incident_page_reads_either_stored_shape(store: IncidentStore, shape: str) -> None:
+    """The responder stores the whole diagnosis event (the diagnosis under `diagnosis`); the page
+    shows its root cause and evidence as it does for a bare diagnosis."""
+    bare = diagnosis("GPU gpu-7 fell off the bus")
+    stored = bare if shape == "bare" else {"kind": "diagnosis", "key": "job:train/j", "diagnosis": bare}
+    store.open_incident(
+        "shape0000aaaa",
+        key="job:train/j",
+        diagnosis=stored,
+        revision=1,
+        namespace="train",
+        job="j",
+        node="gpu-7",
+        fault_class="device_error",
+        code="xid:79",
+        chip="nvidia",
+    )
+    async with client(make_app(store)) as c:
+        r = await c.get("/console/incidents/shape0000aaaa", headers=AUTH)
+    assert r.status_code == 200
+    assert "GPU gpu-7 fell off the bus" in r.text and "Drain the node" in r.text
+    assert "train.log:7" in r.text
+
+
 @pytest.mark.asyncio
 async def test_incident_page_parts(store: IncidentStore, pending: str, tmp_path: Path) -> None:
     scene = tmp_path / "scene"

@@ -38,7 +38,8 @@ def redacted(value: Any) -> Any:
 
 
 def summary(incident: Incident, lang: str) -> tuple[str | None, str | None]:
-    rc = incident.diagnosis.get("root_cause") if isinstance(incident.diagnosis, Mapping) else None
+    diagnosis = incident.stored_diagnosis() if isinstance(incident.diagnosis, Mapping) else None
+    rc = diagnosis.get("root_cause") if diagnosis else None
     if not isinstance(rc, Mapping):
         return None, None
 
@@ -53,7 +54,8 @@ def summary(incident: Incident, lang: str) -> tuple[str | None, str | None]:
 
 
 def evidence(incident: Incident) -> list[dict[str, Any]]:
-    findings = incident.diagnosis.get("findings") if isinstance(incident.diagnosis, Mapping) else None
+    diagnosis = incident.stored_diagnosis() if isinstance(incident.diagnosis, Mapping) else None
+    findings = diagnosis.get("findings") if diagnosis else None
     out = []
     for f in (findings or [])[:MAX_EVIDENCE]:
         if not isinstance(f, Mapping):

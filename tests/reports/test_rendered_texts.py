@@ -25,7 +25,7 @@ from remediations.hints import default_hints
 from reports.report import LANGS, render_report
 from trainmedic.models import Finding
 from trainmedic.vendortext import elide, fill
-from udal import BUILTIN_PLUGINS, get_plugin
+from udal import builtin_plugins, get_plugin
 
 FAULT_CLASSES = [
     "device_error",
@@ -177,7 +177,7 @@ def test_rule_texts_and_advice_render_clean(store: IncidentStore, fault_class: s
 
 
 @pytest.mark.parametrize("lang", LANGS)
-@pytest.mark.parametrize("chip", sorted(BUILTIN_PLUGINS))
+@pytest.mark.parametrize("chip", sorted(builtin_plugins()))
 def test_catalog_texts_render_clean(store: IncidentStore, chip: str, lang: str) -> None:
     problems: list[str] = []
     for i, entry in enumerate(get_plugin(chip).catalog().values()):
