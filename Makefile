@@ -115,9 +115,8 @@ test: check servers browser kafka cluster helm
 	$(VENV)/bin/trainmedic rules test
 	$(PY) -m pytest -q
 
-# The whole loop on an emulated cluster (kmock, installed with the test extras): Xid 79, CUDA OOM,
-# HCCL init failure, a hang, a lost node and an application error, each detected, its scene saved,
-# healed or notified, and reported.
+# The whole loop on an emulated cluster (kmock): Xid 79, CUDA OOM, HCCL init failure, a hang, a lost
+# node and an application error, each detected, its scene saved, healed or notified, and reported.
 # The demo needs only the package and kmock (the `demo` extra) and Hyperscan (`fast`), not the
 # test toolchain; its artifacts (incident store, scene bundles, reports) are kept in $(DEMO_DIR).
 DEMO_STAMP := $(VENV)/.demo-stamp

@@ -124,7 +124,13 @@ class Env:
 def env(tmp_path: Path) -> Env:
     root = tmp_path / "pods"
     root.mkdir()
-    return Env(root=root, bus=MemoryBus(partitions=1, orphan_bytes=64 << 20), index=JobIndex(), telemetry=Telemetry(), tmp=tmp_path)
+    return Env(
+        root=root,
+        bus=MemoryBus(partitions=1, orphan_bytes=64 << 20),
+        index=JobIndex(),
+        telemetry=Telemetry(),
+        tmp=tmp_path,
+    )
 
 
 async def drain(tailer: CriLogTailer) -> None:
