@@ -56,8 +56,6 @@ NOT_IN_VENDOR_TABLES = frozenset(
         "cncl:unknown",
         "nccl_warn",
         "cuda_program_error",
-        "hccl_stuck",
-        "hccl_heartbeat_lost",
         "device_exception",
         "nccl_duplicate_gpu",
     }
