@@ -356,23 +356,7 @@ async def clean(plane: KubePlane) -> None:
             ]
             for n in plane.nodes:
                 node = plane.node(n.name)
-                if plane.node_ready(n.name) and not (node.get("status") or {}).get("addresses"):
-                    # KWOK's stock stages do not post a revived node's addresses again, as a real
-                    # kubelet does on start; without them the API server cannot reach its logs.
-                    gone_ok(
-                        plane,
-                        "PATCH",
-                        f"/api/v1/nodes/{n.name}/status",
-                        {
-                            "status": {
-                                "addresses": [
-                                    {"type": "InternalIP", "address": "127.0.0.1"},
-                                    {"type": "Hostname", "address": n.name},
-                                ]
-                            }
-                        },
-                        content_type="application/merge-patch+json",
-                    )
+                if plane.node_ready(n.name) and post_node_addresses(plane, n.name, node):
                     left.append(f"node {n.name}: addresses posted again")
                     continue
                 if not plane.node_ready(n.name) or node["spec"].get("taints") or node["spec"].get("unschedulable"):
@@ -388,4 +372,31 @@ async def clean(plane: KubePlane) -> None:
         api.close()
 
 
-__all__ = ["GPU", "TAINT_KEY", "TRAINING", "XID79", "Agents", "clean", "start_agents"]
+def post_node_addresses(plane: KubePlane, name: str, node: dict[str, Any] | None = None) -> bool:
+    """Post the node's addresses again when its InternalIP is missing; True when it had to.
+
+    KWOK's stock stages do not post a revived node's addresses again (or only its Hostname), as a
+    real kubelet does on start; without its InternalIP the API server cannot reach the node's logs
+    (it looks the node's name up in DNS)."""
+    node = plane.node(name) if node is None else node
+    addresses = (node.get("status") or {}).get("addresses") or []
+    if any(a.get("type") == "InternalIP" for a in addresses):
+        return False
+    gone_ok(
+        plane,
+        "PATCH",
+        f"/api/v1/nodes/{name}/status",
+        {
+            "status": {
+                "addresses": [
+                    {"type": "InternalIP", "address": "127.0.0.1"},
+                    {"type": "Hostname", "address": name},
+                ]
+            }
+        },
+        content_type="application/merge-patch+json",
+    )
+    return True
+
+
+__all__ = ["GPU", "TAINT_KEY", "TRAINING", "XID79", "Agents", "clean", "post_node_addresses", "start_agents"]

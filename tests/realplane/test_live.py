@@ -18,7 +18,7 @@ from servers.kubeplane import KubePlane
 
 from agent.cli import main
 
-from .plane import GPU, TRAINING, clean, create_job, job_body, running_on, until
+from .plane import GPU, TRAINING, clean, create_job, job_body, post_node_addresses, running_on, until
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(300)]
 
@@ -168,6 +168,7 @@ async def test_scan_as_the_read_only_account_lists_a_failed_gpu_pod_no_job_owns(
         return obj["spec"].get("nodeName") if (obj.get("status") or {}).get("phase") == "Running" else None
 
     node = await until("the bare pod Running", running)
+    post_node_addresses(plane, node)  # a node an earlier test revived: as its kubelet would on start
     plane.write_log(node, CUDA_OOM)
     status = {
         "status": {
