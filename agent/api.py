@@ -348,7 +348,7 @@ class FindingOut(BaseModel):
 
 
 class DiagnoseResult(BaseModel):
-    """The JSON of `trainmedic diagnose --format json` (DESIGN.md, "Contracts")."""
+    """The JSON of `trainmedic diagnose --format json` (docs/contracts.md)."""
 
     root_cause: RootCauseOut | None
     findings: list[FindingOut]

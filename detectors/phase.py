@@ -1,6 +1,6 @@
 """Which phase a communication failure happened in: building the communicator, or training.
 
-DESIGN.md: a communication failure raised while the communicator, rendezvous or store is being
+docs/contracts.md: a communication failure raised while the communicator, rendezvous or store is being
 built is `comm_init` whatever the result code says; the same code during training is `comm_error`;
 waiting on peers past a deadline during training is `hang`. The phase is decided here, once, for
 every rule, from phase markers (rules/phases/phases.yaml) rather than by each rule's wording:

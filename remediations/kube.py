@@ -101,7 +101,7 @@ JSON = dict[str, Any]
 Outcome = Literal["written", "unchanged", "missing"]
 
 # ------------------------------------------------------------------------------------------------
-# Names the agent writes (DESIGN.md: prefix trainmedic.io/; /tmp interface sketch, "node (quarantine)")
+# Names the agent writes (docs/contracts.md: prefix trainmedic.io/)
 
 PREFIX = "trainmedic.io/"
 TAINT_KEY = PREFIX + "unhealthy"

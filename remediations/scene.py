@@ -8,7 +8,7 @@ for tools that analyse it again (`trainmedic diagnose --scene DIR`):
         manifest.json          every file with its size, sha256, line count, whether it was cut and
                                how many secrets were redacted; the job, the root cause; what could
                                not be collected and why; the limits used
-        findings.json          the diagnosis (DESIGN.md's contract JSON), each finding with its place
+        findings.json          the diagnosis (docs/contracts.md JSON), each finding with its place
                                and its evidence: the line in this bundle's own files where it is
         layout/<node>/rank<R>_<pod>_<container>.log (+ .previous.log after a restart)   the last N
                                lines of each container, one folder per node as collected logs

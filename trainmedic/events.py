@@ -2,7 +2,7 @@
 
 Everything the watchers observe and everything the brain concludes travels as an `Event`, encoded
 as JSON (pydantic-core, so encode/decode stays off the Python hot path). The rules that make
-ordering and ownership hold (DESIGN.md "Data flow"):
+ordering and ownership hold (docs/architecture.md):
 
 * an event that concerns a training job is keyed by the job (`job:<namespace>/<name>`), so one
   job's logs, pod statuses and device signals land on one partition, in order, and exactly one
@@ -33,7 +33,7 @@ MAX_MESSAGE_BYTES = 1_000_000
 
 
 class Topic(StrEnum):
-    """The bus topics (DESIGN.md, "Contracts")."""
+    """The bus topics (docs/contracts.md)."""
 
     K8S = "trainmedic.k8s"
     LOGS = "trainmedic.logs"

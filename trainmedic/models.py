@@ -1,6 +1,6 @@
 """The shared vocabulary of trainmedic: fault classes, chips, actions, findings, diagnoses.
 
-This is the one leaf module every other package may import (see DESIGN.md, "Layout"). It imports
+This is the one leaf module every other package may import (see docs/architecture.md). It imports
 nothing from the project at import time (a chip name that is not built in is checked with the chip
 registry when it is met, see `Chip`). The string values are contracts: other tools read them from JSON.
 """
@@ -18,7 +18,7 @@ from pydantic_core import CoreSchema, core_schema
 
 
 class FaultClass(StrEnum):
-    """Chip-neutral failure class (DESIGN.md, "Contracts")."""
+    """Chip-neutral failure class (docs/contracts.md)."""
 
     ACCELERATOR_OOM = "accelerator_oom"
     HOST_OOM = "host_oom"
@@ -212,7 +212,7 @@ class Finding(BaseModel):
     consequence_of: str | None = None
 
     def contract_dict(self) -> dict[str, object]:
-        """The finding as DESIGN.md's `diagnose --format json` shape (plus `file` and `count`, and
+        """The finding in the `diagnose --format json` shape of docs/contracts.md (plus `file` and `count`, and
         `node`, `device`, `rank` where the logs or their layout say them, else null)."""
         return {
             "rule_id": self.rule_id,

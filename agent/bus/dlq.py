@@ -1,7 +1,7 @@
 """Setting bad messages aside: decode a record, or park it on `trainmedic.dlq` and go on.
 
-A consumer must never crash, hang or silently skip on input it cannot use (DESIGN.md
-"Principles"). `decode_record` turns a record into an `Event` or, when it is malformed, oversized,
+A consumer must never crash, hang or silently skip on input it cannot use (docs/architecture.md,
+"Nothing lost"). `decode_record` turns a record into an `Event` or, when it is malformed, oversized,
 of an unknown schema version or empty, publishes a `DeadLetter` describing it (the first 4 KiB as
 text, so a person can see what it was) keyed like the original, counts it in `trainmedic_dlq{reason}`
 and returns None; the caller then treats the record as processed and commits past it.

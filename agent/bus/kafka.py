@@ -189,7 +189,7 @@ class KafkaBus(Bus):
         # would add up to this much latency to every fault, so it is kept short.
         self.fetch_max_wait_ms = fetch_max_wait_ms
         self.telemetry = telemetry or Telemetry()
-        # Topics created (when missing) on start and on reconnection: DESIGN.md's, plus any published to.
+        # Topics created (when missing) on start and on reconnection: the contract's, plus any published to.
         self._topics: set[str] = set(topics if topics is not None else (t.value for t in Topic))
         self._topics_ready: set[str] = set()
         self._topics_lock = asyncio.Lock()
