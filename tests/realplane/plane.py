@@ -373,27 +373,23 @@ async def clean(plane: KubePlane) -> None:
 
 
 def post_node_addresses(plane: KubePlane, name: str, node: dict[str, Any] | None = None) -> bool:
-    """Post the node's addresses again when its InternalIP is missing; True when it had to.
+    """Post the node's address again, as KWOK's `--node-ip` gives it (InternalIP only), when it is
+    missing or a Hostname came with it; True when it had to.
 
-    KWOK's stock stages do not post a revived node's addresses again (or only its Hostname), as a
-    real kubelet does on start; without its InternalIP the API server cannot reach the node's logs
-    (it looks the node's name up in DNS)."""
+    KWOK's stock stages do not post a revived node's addresses again, as a real kubelet does on
+    start. The API server reaches a node's kubelet (its logs) by the first address of
+    `--kubelet-preferred-address-types`, Hostname before InternalIP by default, and a Hostname
+    here is a name no DNS knows."""
     node = plane.node(name) if node is None else node
     addresses = (node.get("status") or {}).get("addresses") or []
-    if any(a.get("type") == "InternalIP" for a in addresses):
+    types = [a.get("type") for a in addresses]
+    if "InternalIP" in types and "Hostname" not in types:
         return False
     gone_ok(
         plane,
         "PATCH",
         f"/api/v1/nodes/{name}/status",
-        {
-            "status": {
-                "addresses": [
-                    {"type": "InternalIP", "address": "127.0.0.1"},
-                    {"type": "Hostname", "address": name},
-                ]
-            }
-        },
+        {"status": {"addresses": [{"type": "InternalIP", "address": "127.0.0.1"}]}},
         content_type="application/merge-patch+json",
     )
     return True
