@@ -52,7 +52,6 @@ import io
 import json
 import logging
 import math
-import os
 import socket
 import threading
 import time
@@ -76,7 +75,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from agent.config import ApiSettings
+from agent.config import ApiSettings, secret_setting
 from agent.jobindex import JobIndex
 from agent.store import Incident, IncidentStatus, IncidentStore, StoreError
 from agent.telemetry import Telemetry
@@ -413,25 +412,14 @@ def _responses(*codes: int) -> dict[int | str, dict[str, Any]]:
 
 def resolve_token(settings: ApiSettings, env: Mapping[str, str] | None = None) -> str | None:
     """The bearer token: `token`, else the variable `token_env` names, else the file `token_file`."""
-    env = os.environ if env is None else env
-    if settings.token is not None and settings.token.get_secret_value():
-        return settings.token.get_secret_value()
-    if settings.token_env:
-        value = env.get(settings.token_env, "").strip()
-        if value:
-            return value
-        log.warning("api.token_env names %s, which is not set: state-changing calls are refused", settings.token_env)
-    if settings.token_file:
-        try:
-            value = Path(settings.token_file).read_text(encoding="utf-8").strip()
-        except OSError as e:
-            log.warning(
-                "api.token_file %s cannot be read (%s): state-changing calls are refused", settings.token_file, e
-            )
-        else:
-            if value:
-                return value
-    return None
+    return secret_setting(
+        settings.token,
+        settings.token_env,
+        settings.token_file,
+        what="api.token",
+        env=env,
+        unset=": state-changing calls are refused",
+    )
 
 
 def _bearer(headers: Sequence[tuple[bytes, bytes]]) -> bytes | None:

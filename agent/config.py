@@ -16,6 +16,7 @@ errors, so a typo is caught rather than silently ignored.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 from collections.abc import Mapping
@@ -32,6 +33,41 @@ from trainmedic.datafile import load_yaml
 from trainmedic.errors import TrainmedicError
 
 ENV_PREFIX = "TRAINMEDIC_"
+
+
+_log = logging.getLogger("trainmedic.config")
+
+
+def secret_setting(
+    value: SecretStr | None,
+    env_name: str | None,
+    file: str | None,
+    *,
+    what: str,
+    env: Mapping[str, str] | None = None,
+    unset: str = "",
+) -> str | None:
+    """A secret set three ways: the value itself, else the variable `env_name` names, else the file
+    `file` (stripped); None when none gives one, with a warning naming the setting (`what`, e.g.
+    "api.token") and what follows from it (`unset`) when a variable or file is named but empty or
+    unreadable. The secret itself is never logged."""
+    env = os.environ if env is None else env
+    if value is not None and value.get_secret_value():
+        return value.get_secret_value()
+    if env_name:
+        found = env.get(env_name, "").strip()
+        if found:
+            return found
+        _log.warning("%s_env names %s, which is not set%s", what, env_name, unset)
+    if file:
+        try:
+            found = Path(file).read_text(encoding="utf-8").strip()
+        except OSError as e:
+            _log.warning("%s_file %s cannot be read (%s)%s", what, file, e, unset)
+        else:
+            if found:
+                return found
+    return None
 
 
 class Role(StrEnum):

@@ -377,21 +377,7 @@ def _agent_rss(plane: Any, tmp: Path, churn: int) -> dict[str, Any]:
     import yaml
 
     token = plane.service_account_token("trainmedic", "trainmedic-brain")
-    kubeconfig = tmp / "agent.kubeconfig"
-    kubeconfig.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [
-                    {"name": "p", "cluster": {"server": plane.url, "certificate-authority": str(plane.pki / "ca.crt")}}
-                ],
-                "users": [{"name": "u", "user": {"token": token}}],
-                "contexts": [{"name": "p", "context": {"cluster": "p", "user": "u"}}],
-                "current-context": "p",
-            }
-        )
-    )
+    kubeconfig = plane.write_kubeconfig(tmp / "agent.kubeconfig", token)
     config = tmp / "agent.yaml"
     config.write_text(
         yaml.safe_dump(

@@ -438,47 +438,6 @@ async def _soak(args: argparse.Namespace, bootstrap: str | None, api_client: Any
         }
 
 
-def _diagnosis(namespace: str, name: str, node: str, n: int) -> Any:
-    """A final diagnosis of a job with an Xid 79 root cause on `node` (what the brain publishes)."""
-    from trainmedic.events import DiagnosisEvent
-    from trainmedic.models import Chip, Diagnosis, FaultClass, Finding, I18nText, RootCause, Severity
-
-    now = time.time()
-    rc = RootCause(
-        fault_class=FaultClass.DEVICE_ERROR,
-        chip=Chip.NVIDIA,
-        code="xid:79",
-        node=node,
-        device="0",
-        summary=I18nText(en="GPU has fallen off the bus", zh="GPU 掉卡"),
-        rule_id="nvidia.xid.79",
-        severity=Severity.CRITICAL,
-    )
-    finding = Finding.model_validate(
-        {
-            "rule_id": "nvidia.xid.79",
-            "fault_class": "device_error",
-            "chip": "nvidia",
-            "code": "xid:79",
-            "source": "kernel",
-            "line_no": 1,
-            "text": "NVRM: Xid (PCI:0000:3b:00): 79, pid=2876, name=python, GPU has fallen off the bus.",
-            "node": node,
-            "timestamp": now - 1,
-            "severity": "critical",
-        }
-    )
-    return DiagnosisEvent(
-        diagnosis_id=f"d-{namespace}-{name}-{n}",
-        final=True,
-        job=JobRef(namespace=namespace, name=name, kind="Job", api_version="batch/v1"),
-        node=node,
-        window_start=now - 5,
-        window_end=now,
-        diagnosis=Diagnosis(root_cause=rc, findings=[finding]),
-    )
-
-
 def _ceiling_job(namespace: str, name: str) -> dict[str, Any]:
     """A one-pod batch/v1 Job (a small CPU request: many fit on the KWOK nodes)."""
     limits = {"cpu": "10m", "memory": "16Mi"}
@@ -513,6 +472,12 @@ async def _ceiling_run(
     which the responder settles them (every one leaves `open`), with nothing shed."""
     from trainmedic.events import job_key
 
+    respfix = str(ROOT / "tests" / "remediations")
+    if respfix not in sys.path:
+        sys.path.insert(0, respfix)
+    # The responder tests' Xid 79 diagnosis (what the brain publishes for a device error).
+    diagnosis = importlib.import_module("respfix").diagnosis
+
     n = args.ceiling
     settings = Settings.model_validate(
         {
@@ -545,7 +510,7 @@ async def _ceiling_run(
     t0 = time.monotonic()
     for i in range(n):
         name, node = jobs[i % len(jobs)]
-        d = _diagnosis(CEILING_NS, name, node, i)
+        d = diagnosis(CEILING_NS, name, node, t=time.time(), n=i)
         await agent.bus.publish(Topic.DIAGNOSES, make_event(d, producer="soak", key=job_key(CEILING_NS, name)))
     deadline = t0 + args.ceiling_timeout_s
     while len(responder.handled) < n and time.monotonic() < deadline:

@@ -26,14 +26,12 @@ import hashlib
 import hmac
 import json
 import logging
-import os
 import secrets
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from agent.config import ApiSettings
+from agent.config import ApiSettings, secret_setting
 
 log = logging.getLogger("trainmedic.console")
 
@@ -45,23 +43,13 @@ MAX_SIGNED_CHARS = 2048
 
 def resolve_console_secret(settings: ApiSettings, env: Mapping[str, str] | None = None) -> str | None:
     """`console_secret`, else the variable `console_secret_env` names, else the file `console_secret_file`."""
-    env = os.environ if env is None else env
-    if settings.console_secret is not None and settings.console_secret.get_secret_value():
-        return settings.console_secret.get_secret_value()
-    if settings.console_secret_env:
-        value = env.get(settings.console_secret_env, "").strip()
-        if value:
-            return value
-        log.warning("api.console_secret_env names %s, which is not set", settings.console_secret_env)
-    if settings.console_secret_file:
-        try:
-            value = Path(settings.console_secret_file).read_text(encoding="utf-8").strip()
-        except OSError as e:
-            log.warning("api.console_secret_file %s cannot be read (%s)", settings.console_secret_file, e)
-        else:
-            if value:
-                return value
-    return None
+    return secret_setting(
+        settings.console_secret,
+        settings.console_secret_env,
+        settings.console_secret_file,
+        what="api.console_secret",
+        env=env,
+    )
 
 
 def console_key(settings: ApiSettings, token: str | None, env: Mapping[str, str] | None = None) -> bytes | None:

@@ -442,25 +442,31 @@ class KubePlane:
             return bool(r.status == 200)
 
     def _write_kubeconfig(self) -> None:
+        self.write_kubeconfig(self.kubeconfig)
+
+    def write_kubeconfig(self, path: Path, token: str | None = None, namespace: str | None = None) -> Path:
+        """A kubeconfig for the admin (client certificate), or for the bearer of `token` (a
+        ServiceAccount's), optionally with a default namespace."""
+        user: dict[str, str] = (
+            {"client-certificate": str(self.pki / "admin.crt"), "client-key": str(self.pki / "admin.key")}
+            if token is None
+            else {"token": token}
+        )
+        context: dict[str, str] = {"cluster": "plane", "user": "admin" if token is None else "bearer"}
+        if namespace is not None:
+            context["namespace"] = namespace
         cfg = {
             "apiVersion": "v1",
             "kind": "Config",
             "clusters": [
                 {"name": "plane", "cluster": {"server": self.url, "certificate-authority": str(self.pki / "ca.crt")}}
             ],
-            "users": [
-                {
-                    "name": "admin",
-                    "user": {
-                        "client-certificate": str(self.pki / "admin.crt"),
-                        "client-key": str(self.pki / "admin.key"),
-                    },
-                }
-            ],
-            "contexts": [{"name": "plane", "context": {"cluster": "plane", "user": "admin"}}],
+            "users": [{"name": context["user"], "user": user}],
+            "contexts": [{"name": "plane", "context": context}],
             "current-context": "plane",
         }
-        self.kubeconfig.write_text(yaml.safe_dump(cfg))
+        path.write_text(yaml.safe_dump(cfg))
+        return path
 
     def configuration(self, token: str | None = None) -> Any:
         """A kubernetes.client.Configuration for the admin, or for the bearer of `token`."""

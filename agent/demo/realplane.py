@@ -48,6 +48,7 @@ from agent.demo.scenario import (
     FaultResult,
     IncidentWatch,
     Scenario,
+    collect_incident,
     demo_settings,
     read_reports,
 )
@@ -451,24 +452,10 @@ class RealPlaneDemo:
         quarantined: list[str],
     ) -> None:
         """The result fields, read from the store and the plane (as the emulator demo's `_collect`)."""
-        incidents = watch.incidents()
-        if not incidents:
-            r.problems.append("no incident was opened")
+        last = collect_incident(watch, self.progress, r)
+        if last is None:
             return
-        last = incidents[-1]
-        r.incidents = [i.id for i in incidents]
-        r.incident_id = last.id
-        r.fault_class, r.code, r.chip, r.node = last.fault_class, last.code, last.chip, last.node
-        r.status = last.status.value
-        r.scene_dir = last.scene_dir
-        r.actions = [f"{a.name}:{a.state.value}" for a in last.actions]
-        r.hints = [self.progress.i18n(h) for h in (last.plan or {}).get("hints") or []]
         r.quarantined_nodes = quarantined
-        restart = next((a for a in last.actions if a.name == "restart_from_checkpoint"), None)
-        if restart is not None and restart.result:
-            r.rescheduled_job = restart.result.get("workload")
-            r.checkpoint = restart.result.get("resumed_from")
-            r.excluded_nodes = list(restart.result.get("excluded_nodes") or [])
         r.rescheduled_to = nodes
         r.healed = bool(nodes) and bad not in nodes
         expected = f"{sc.profile.checkpoint_dir}/checkpoint-{2 * SAVE_EVERY}"

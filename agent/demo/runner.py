@@ -8,18 +8,23 @@ cannot run here (kmock missing, an unknown fault).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from agent.demo.output import Lang, Progress, duration, text
 from agent.demo.scenario import FAULTS, FaultResult, Inspect, run_fault
 from trainmedic.errors import TrainmedicError
+
+if TYPE_CHECKING:
+    from agent.demo.receiver import WebhookReceiver
 
 __all__ = [
     "CLUSTERS",
@@ -98,7 +103,6 @@ async def run_demo(
     Progress lines (or, with `json_lines`, one JSON object per fault) go to `out` (stdout). With
     `cluster="real"`, on one real control plane for the run (agent/demo/realplane.py)."""
     from agent.demo.emulator import kmock_available
-    from agent.demo.receiver import WebhookReceiver
 
     if cluster not in CLUSTERS:
         raise ValueError(f"unknown cluster {cluster!r}; choose from {', '.join(CLUSTERS)}")
@@ -107,74 +111,105 @@ async def run_demo(
     if unknown:
         raise ValueError(f"unknown fault(s) {', '.join(unknown)}")
     if cluster == "real":
-        return await _run_real(faults, workdir=workdir, lang=lang, json_lines=json_lines, out=out, timeout_s=timeout_s)
+        from agent.demo.realplane import unavailable_reason
+
+        reason = unavailable_reason()  # before anything is made: a clear refusal, nothing left behind
+        if reason is not None:
+            raise DemoUnavailable(reason[1] if lang == "zh" else reason[0])
+        return await _drive(
+            faults,
+            lambda root, progress: _real_plane(root, progress, timeout_s),
+            workdir=workdir,
+            prefix="trainmedic-demo-real-",
+            title="real_title",
+            lang=lang,
+            json_lines=json_lines,
+            out=out,
+        )
     if not kmock_available():
         raise DemoUnavailable("the demo needs kmock, the Kubernetes API emulator: pip install 'trainmedic[demo]'")
-    stream = out if out is not None else sys.stdout
-    root = workdir if workdir is not None else Path(tempfile.mkdtemp(prefix="trainmedic-demo-"))
-    root.mkdir(parents=True, exist_ok=True)
-    progress = Progress(lang, quiet=json_lines, out=stream)
-    progress.plain("title", n=len(faults))
-    progress.plain("workdir", dir=root)
-    outcome = DemoOutcome(root)
-    try:
-        receiver = WebhookReceiver()
-        await receiver.start()
-    except OSError as e:
-        raise DemoUnavailable(f"cannot start the local webhook receiver: {e.strerror or e}") from e
-    try:
-        for fault in faults:
-            result = await run_fault(
-                fault, fresh_dir(root, fault), progress, receiver=receiver, timeout_s=timeout_s, inspect=inspect
-            )
-            outcome.results.append(result)
-            if json_lines:
-                stream.write(json.dumps(result.as_json(), ensure_ascii=False) + "\n")
-                stream.flush()
-    finally:
-        await receiver.stop()
-    if not json_lines:
-        _summary(outcome, progress)
-    return outcome
+
+    @contextlib.asynccontextmanager
+    async def emulated(_root: Path, _progress: Progress) -> AsyncIterator[RunOne]:
+        async def one(fault: str, where: Path, progress: Progress, receiver: WebhookReceiver) -> FaultResult:
+            return await run_fault(fault, where, progress, receiver=receiver, timeout_s=timeout_s, inspect=inspect)
+
+        yield one
+
+    return await _drive(
+        faults,
+        emulated,
+        workdir=workdir,
+        prefix="trainmedic-demo-",
+        title="title",
+        lang=lang,
+        json_lines=json_lines,
+        out=out,
+    )
 
 
-async def _run_real(
-    faults: Sequence[str], *, workdir: Path | None, lang: Lang, json_lines: bool, out: TextIO | None, timeout_s: float
-) -> DemoOutcome:
-    from agent.demo.realplane import RealPlaneDemo, RealPlaneUnavailable, run_real_fault, unavailable_reason
-    from agent.demo.receiver import WebhookReceiver
+# One fault's run on a prepared cluster: (fault, its fresh folder, progress, the webhook receiver).
+RunOne = Callable[[str, Path, Progress, "WebhookReceiver"], Awaitable[FaultResult]]
+# What runs the faults: set up once for the run (root folder, progress), torn down after the last.
+Prepare = Callable[[Path, Progress], AbstractAsyncContextManager[RunOne]]
 
-    reason = unavailable_reason()  # before anything is made: a clear refusal, nothing left behind
-    if reason is not None:
-        raise DemoUnavailable(reason[1] if lang == "zh" else reason[0])
-    stream = out if out is not None else sys.stdout
-    root = workdir if workdir is not None else Path(tempfile.mkdtemp(prefix="trainmedic-demo-real-"))
-    root.mkdir(parents=True, exist_ok=True)
-    progress = Progress(lang, quiet=json_lines, out=stream)
-    progress.plain("real_title", n=len(faults))
-    progress.plain("workdir", dir=root)
-    outcome = DemoOutcome(root)
-    try:
-        receiver = WebhookReceiver()
-        await receiver.start()
-    except OSError as e:
-        raise DemoUnavailable(f"cannot start the local webhook receiver: {e.strerror or e}") from e
+
+@contextlib.asynccontextmanager
+async def _real_plane(root: Path, progress: Progress, timeout_s: float) -> AsyncIterator[RunOne]:
+    """One real control plane for the whole run (agent/demo/realplane.py)."""
+    from agent.demo.realplane import RealPlaneDemo, RealPlaneUnavailable, run_real_fault
+
     demo = RealPlaneDemo(fresh_dir(root, "plane"), progress)
     try:
         try:
             await demo.start()
         except RealPlaneUnavailable as e:
             raise DemoUnavailable(str(e)) from e
-        for fault in faults:
-            result = await run_real_fault(
-                demo, fault, fresh_dir(root, fault), progress, receiver=receiver, timeout_s=timeout_s
-            )
-            outcome.results.append(result)
-            if json_lines:
-                stream.write(json.dumps(result.as_json(), ensure_ascii=False) + "\n")
-                stream.flush()
+
+        async def one(fault: str, where: Path, progress: Progress, receiver: WebhookReceiver) -> FaultResult:
+            return await run_real_fault(demo, fault, where, progress, receiver=receiver, timeout_s=timeout_s)
+
+        yield one
     finally:
         await demo.stop()
+
+
+async def _drive(
+    faults: Sequence[str],
+    prepare: Prepare,
+    *,
+    workdir: Path | None,
+    prefix: str,
+    title: str,
+    lang: Lang,
+    json_lines: bool,
+    out: TextIO | None,
+) -> DemoOutcome:
+    """The run both clusters share: the work folder, the progress heading, the local webhook
+    receiver, each fault in a fresh folder (one JSON line each with `json_lines`), the summary."""
+    from agent.demo.receiver import WebhookReceiver
+
+    stream = out if out is not None else sys.stdout
+    root = workdir if workdir is not None else Path(tempfile.mkdtemp(prefix=prefix))
+    root.mkdir(parents=True, exist_ok=True)
+    progress = Progress(lang, quiet=json_lines, out=stream)
+    progress.plain(title, n=len(faults))
+    progress.plain("workdir", dir=root)
+    outcome = DemoOutcome(root)
+    try:
+        receiver = WebhookReceiver()
+        await receiver.start()
+    except OSError as e:
+        raise DemoUnavailable(f"cannot start the local webhook receiver: {e.strerror or e}") from e
+    try:
+        async with prepare(root, progress) as run_one:
+            for fault in faults:
+                result = await run_one(fault, fresh_dir(root, fault), progress, receiver)
+                outcome.results.append(result)
+                if json_lines:
+                    stream.write(json.dumps(result.as_json(), ensure_ascii=False) + "\n")
+                    stream.flush()
+    finally:
         await receiver.stop()
     if not json_lines:
         _summary(outcome, progress)

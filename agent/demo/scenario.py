@@ -854,12 +854,13 @@ async def _flush_notifications(agent: Any) -> None:
         log.warning("demo: flushing notifications failed", exc_info=True)
 
 
-def _collect(dc: DemoCluster, sc: Scenario, watch: IncidentWatch, r: FaultResult, expected: str | None) -> None:
-    """The result fields, read from the store and the cluster (never from what the demo intended)."""
+def collect_incident(watch: IncidentWatch, progress: Progress, r: FaultResult) -> Incident | None:
+    """The result's incident fields, read from the store (the last incident of the fault's job), and
+    the restart's outcome; None (and a problem noted) when no incident was opened."""
     incidents = watch.incidents()
     if not incidents:
         r.problems.append("no incident was opened")
-        return
+        return None
     last = incidents[-1]
     r.incidents = [i.id for i in incidents]
     r.incident_id = last.id
@@ -867,8 +868,20 @@ def _collect(dc: DemoCluster, sc: Scenario, watch: IncidentWatch, r: FaultResult
     r.status = last.status.value
     r.scene_dir = last.scene_dir
     r.actions = [f"{a.name}:{a.state.value}" for a in last.actions]
-    plan = last.plan or {}
-    r.hints = [dc.progress.i18n(h) for h in plan.get("hints") or []]
+    r.hints = [progress.i18n(h) for h in (last.plan or {}).get("hints") or []]
+    restart = next((a for a in last.actions if a.name == "restart_from_checkpoint"), None)
+    if restart is not None and restart.result:
+        r.rescheduled_job = restart.result.get("workload")
+        r.checkpoint = restart.result.get("resumed_from")
+        r.excluded_nodes = list(restart.result.get("excluded_nodes") or [])
+    return last
+
+
+def _collect(dc: DemoCluster, sc: Scenario, watch: IncidentWatch, r: FaultResult, expected: str | None) -> None:
+    """The result fields, read from the store and the cluster (never from what the demo intended)."""
+    last = collect_incident(watch, dc.progress, r)
+    if last is None:
+        return
     if watch.first_detected is not None and dc.t0 is not None:
         r.detect_ms = max(0.0, (watch.first_detected - dc.t0) * 1000)
     r.quarantined_nodes = sorted(
@@ -876,11 +889,6 @@ def _collect(dc: DemoCluster, sc: Scenario, watch: IncidentWatch, r: FaultResult
         for n in dc.kube.objects(NODE)
         if any(t.get("key") == "trainmedic.io/unhealthy" for t in (n.get("spec") or {}).get("taints") or [])
     )
-    restart = next((a for a in last.actions if a.name == "restart_from_checkpoint"), None)
-    if restart is not None and restart.result:
-        r.rescheduled_job = restart.result.get("workload")
-        r.checkpoint = restart.result.get("resumed_from")
-        r.excluded_nodes = list(restart.result.get("excluded_nodes") or [])
     inc = dc.controllers.current(sc.job)
     if inc is not None and inc is not dc.first:
         r.rescheduled_to = inc.nodes
@@ -891,8 +899,8 @@ def _collect(dc: DemoCluster, sc: Scenario, watch: IncidentWatch, r: FaultResult
     # What the demo expects of the shipped policy for this fault.
     if last.fault_class != sc.fault_class:
         r.problems.append(f"diagnosed {last.fault_class} {last.code}, expected {sc.fault_class}")
-    if len(incidents) < sc.incidents:
-        r.problems.append(f"{len(incidents)} incident(s), expected {sc.incidents}")
+    if len(r.incidents) < sc.incidents:
+        r.problems.append(f"{len(r.incidents)} incident(s), expected {sc.incidents}")
     if last.status is not IncidentStatus.RESOLVED:
         r.problems.append(f"incident {last.id[:8]} ended {last.status.value}")
     if sc.quarantine and (last.node or "?") not in r.quarantined_nodes:

@@ -4,11 +4,12 @@ and Kubeflow PyTorchJob CRDs as their projects publish them (tests/cluster/crds/
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import pytest_asyncio
 import yaml
 from servers.kubeplane import KubePlane, require_plane
 
@@ -43,3 +44,13 @@ def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KubePlane]:
         yield p
     finally:
         p.stop()
+
+
+@pytest_asyncio.fixture
+async def fresh(plane: KubePlane) -> AsyncIterator[KubePlane]:
+    """The session's plane, cleaned before and after the test (tests/realplane/plane.py `clean`)."""
+    from .plane import clean
+
+    await clean(plane)
+    yield plane
+    await clean(plane)

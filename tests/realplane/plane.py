@@ -32,6 +32,8 @@ TRAINING = "training"
 XID79 = "NVRM: Xid (PCI:0000:3b:00): 79, pid=2876, name=python, GPU has fallen off the bus."
 RESUME_ARGS = "--resume_from_checkpoint={checkpoint}"
 GPU = "nvidia.com/gpu"
+# The taint the node lifecycle controller puts on a node whose kubelet stopped posting status.
+UNREACHABLE = "node.kubernetes.io/unreachable"
 # The training workloads in the namespace: batch/v1 Jobs, Volcano Jobs, Kubeflow PyTorchJobs (the
 # CRDs are installed on the plane, tests/cluster/crds/).
 WORKLOAD_COLLECTIONS = (
@@ -395,4 +397,14 @@ def post_node_addresses(plane: KubePlane, name: str, node: dict[str, Any] | None
     return True
 
 
-__all__ = ["GPU", "TAINT_KEY", "TRAINING", "XID79", "Agents", "clean", "post_node_addresses", "start_agents"]
+__all__ = [
+    "GPU",
+    "TAINT_KEY",
+    "TRAINING",
+    "UNREACHABLE",
+    "XID79",
+    "Agents",
+    "clean",
+    "post_node_addresses",
+    "start_agents",
+]

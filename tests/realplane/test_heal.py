@@ -14,12 +14,10 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import pytest_asyncio
 from servers.kubeplane import KubePlane
 
 from agent.store import IncidentStatus
@@ -27,8 +25,8 @@ from agent.store import IncidentStatus
 from .plane import (
     TAINT_KEY,
     TRAINING,
+    UNREACHABLE,
     XID79,
-    clean,
     create_job,
     get_job,
     has_taint,
@@ -41,14 +39,6 @@ from .plane import (
 )
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(300)]
-UNREACHABLE = "node.kubernetes.io/unreachable"
-
-
-@pytest_asyncio.fixture
-async def fresh(plane: KubePlane) -> AsyncIterator[KubePlane]:
-    await clean(plane)
-    yield plane
-    await clean(plane)
 
 
 async def running_job(plane: KubePlane, name: str, ckpt: Path | None, **kw: Any) -> tuple[dict[str, Any], list[str]]:

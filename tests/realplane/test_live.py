@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
-import yaml
 from servers.kubeplane import KubePlane
 
 from agent.cli import main
@@ -56,11 +55,7 @@ async def viewer(plane: KubePlane, tmp_path: Path) -> AsyncIterator[tuple[Path, 
         ]
     )
     token = plane.service_account_token(TRAINING, VIEWER)
-    admin = yaml.safe_load(plane.kubeconfig.read_text())
-    admin["users"] = [{"name": VIEWER, "user": {"token": token}}]
-    admin["contexts"] = [{"name": "plane", "context": {"cluster": "plane", "user": VIEWER, "namespace": TRAINING}}]
-    path = tmp_path / "viewer.kubeconfig"
-    path.write_text(yaml.safe_dump(admin))
+    path = plane.write_kubeconfig(tmp_path / "viewer.kubeconfig", token, namespace=TRAINING)
     try:
         yield path, token
     finally:

@@ -18,12 +18,11 @@ import asyncio
 import contextlib
 import json
 import urllib.error
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import pytest_asyncio
 from servers.kube import EventRecorder
 from servers.kubeplane import KubePlane
 
@@ -37,8 +36,8 @@ from .plane import (
     CUSTOM_KINDS,
     TAINT_KEY,
     TRAINING,
+    UNREACHABLE,
     XID79,
-    clean,
     has_taint,
     start_agents,
     until,
@@ -47,14 +46,6 @@ from .plane import (
 from .standin import TrainingControllers
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(300)]
-UNREACHABLE = "node.kubernetes.io/unreachable"
-
-
-@pytest_asyncio.fixture
-async def fresh(plane: KubePlane) -> AsyncIterator[KubePlane]:
-    await clean(plane)
-    yield plane
-    await clean(plane)
 
 
 @pytest.fixture
