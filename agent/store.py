@@ -410,37 +410,27 @@ class IncidentStore:
         """Incidents the responder must carry on with: acting (an action was interrupted) or approved, and
         blocked ones whose journal is still under way (a person was told; the restart still waits for the
         old workload to go)."""
-        with self._lock:
-            rows = self._db.execute(
-                f"SELECT {_INCIDENT_COLUMNS} FROM incidents WHERE status IN (?, ?) OR (status = ? AND EXISTS "
-                "(SELECT 1 FROM actions a WHERE a.incident_id = incidents.id AND a.state IN (?, ?, ?))) "
-                "ORDER BY created",
-                (
-                    IncidentStatus.ACTING.value,
-                    IncidentStatus.OPEN.value,
-                    IncidentStatus.BLOCKED.value,
-                    *sorted(s.value for s in UNFINISHED_ACTIONS),
-                ),
-            ).fetchall()
-            out = [self._incident(r) for r in rows]
-        for inc in out:
-            inc.actions = self._actions(inc.id)
-        return out
+        return self._going_on((IncidentStatus.ACTING, IncidentStatus.OPEN))
 
     def carrying_on(self) -> list[Incident]:
         """Incidents whose actions go on now: acting (approved, or interrupted), and blocked ones whose
         journal is still under way. Unlike `unfinished` (a restart's list), not the open ones: under a
         steady fault rate hundreds are open at once, each waiting for its job's final diagnosis, and
         reading them all on every poll held the store from the incidents' own writes."""
+        return self._going_on((IncidentStatus.ACTING,))
+
+    def _going_on(self, statuses: tuple[IncidentStatus, ...]) -> list[Incident]:
+        """Incidents in `statuses`, and blocked ones with an action still under way, oldest first."""
+        marks = ", ".join("?" * len(statuses))
         with self._lock:
             rows = self._db.execute(
-                f"SELECT {_INCIDENT_COLUMNS} FROM incidents WHERE status = ? OR (status = ? AND EXISTS "
+                f"SELECT {_INCIDENT_COLUMNS} FROM incidents WHERE status IN ({marks}) OR (status = ? AND EXISTS "
                 "(SELECT 1 FROM actions a WHERE a.incident_id = incidents.id AND a.state IN (?, ?, ?))) "
                 "ORDER BY created",
                 (
-                    IncidentStatus.ACTING.value,
+                    *(st.value for st in statuses),
                     IncidentStatus.BLOCKED.value,
-                    *sorted(s.value for s in UNFINISHED_ACTIONS),
+                    *sorted(a.value for a in UNFINISHED_ACTIONS),
                 ),
             ).fetchall()
             out = [self._incident(r) for r in rows]

@@ -268,13 +268,19 @@ async def soak(args: argparse.Namespace, bootstrap: str | None = None) -> dict[s
     return await _soak(args, bootstrap, None)
 
 
+def _test_module(name: str, folder: str = "") -> Any:
+    """A module of the tests' own servers and fixtures (tests/, or a folder below it), imported as the
+    tests import it."""
+    path = str(ROOT / "tests" / folder) if folder else str(ROOT / "tests")
+    if path not in sys.path:
+        sys.path.insert(0, path)
+    return importlib.import_module(name)
+
+
 def _start_plane() -> Any:
     """tests/servers/kubeplane.py's real control plane (etcd, kube-apiserver, controller manager,
     scheduler, six KWOK nodes), in its own processes, with the soak's namespace."""
-    tests = str(ROOT / "tests")
-    if tests not in sys.path:
-        sys.path.insert(0, tests)
-    kubeplane: Any = importlib.import_module("servers.kubeplane")
+    kubeplane: Any = _test_module("servers.kubeplane")
     gone = kubeplane.missing()
     if gone:
         raise SystemExit(f"--plane real: the control plane is not built ({', '.join(gone)}); run `make cluster`")
@@ -472,11 +478,8 @@ async def _ceiling_run(
     which the responder settles them (every one leaves `open`), with nothing shed."""
     from trainmedic.events import job_key
 
-    respfix = str(ROOT / "tests" / "remediations")
-    if respfix not in sys.path:
-        sys.path.insert(0, respfix)
     # The responder tests' Xid 79 diagnosis (what the brain publishes for a device error).
-    diagnosis = importlib.import_module("respfix").diagnosis
+    diagnosis = _test_module("respfix", "remediations").diagnosis
 
     n = args.ceiling
     settings = Settings.model_validate(
@@ -615,10 +618,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def _with_kafka(args: argparse.Namespace) -> dict[str, Any]:
     """The soak against a real Apache Kafka broker started for it (and stopped after)."""
-    tests = str(ROOT / "tests")
-    if tests not in sys.path:
-        sys.path.insert(0, tests)
-    from servers.kafka import KafkaBroker, missing
+    kafka: Any = _test_module("servers.kafka")
+    KafkaBroker, missing = kafka.KafkaBroker, kafka.missing
 
     why = missing()
     if why is not None:
