@@ -44,6 +44,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import json
 import logging
@@ -54,7 +55,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from agent.bus.base import Bus, OffsetTracker, Record, TopicPartition
 from agent.bus.dlq import decode_record
@@ -85,6 +86,8 @@ if TYPE_CHECKING:
     from agent.notify import Notifier
 
 log = logging.getLogger("trainmedic.responder")
+P = ParamSpec("P")
+T = TypeVar("T")
 
 SCENE_FINALIZER = "trainmedic.io/scene"
 
@@ -836,12 +839,16 @@ class Responder:
     async def job_pods(self, job: JobRef) -> list[dict[str, Any]]:
         return await self._pods(job, await self._workload(job))
 
-    def scene_path(self, incident_id: str) -> Path | None:
-        scene = self.store.get(incident_id).scene_dir
+    async def scene_path(self, incident_id: str) -> Path | None:
+        scene = (await asyncio.to_thread(self.store.get, incident_id)).scene_dir
         return Path(scene) if scene else None
 
-    def policy_context(self, incident_id: str, rc: RootCause) -> PolicyContext:
-        return self._ctx_light(self.store.get(incident_id), rc)
+    async def policy_context(self, incident_id: str, rc: RootCause) -> PolicyContext:
+        return self._ctx_light(await asyncio.to_thread(self.store.get, incident_id), rc)
+
+    async def in_policy(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+        fut = asyncio.get_running_loop().run_in_executor(self._policy_thread, functools.partial(fn, *args, **kwargs))
+        return await asyncio.shield(fut)
 
     async def replacement(
         self, incident_id: str, live: dict[str, Any], rc: RootCause

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, ParamSpec, Protocol, TypeVar
 
 from remediations.kube import KubeOps
 from remediations.policy import Policy, PolicyContext
@@ -20,6 +20,9 @@ from remediations.policy_state import PolicyState
 from remediations.stacks import StackSource
 from trainmedic.events import JobRef
 from trainmedic.models import RootCause
+
+P = ParamSpec("P")
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -76,7 +79,7 @@ class Runtime(Protocol):
         """The job's pods as the API lists them now."""
         ...
 
-    def scene_path(self, incident_id: str) -> Path | None:
+    async def scene_path(self, incident_id: str) -> Path | None:
         """The incident's scene directory, where evidence taken later is added."""
         ...
 
@@ -90,8 +93,14 @@ class Runtime(Protocol):
         """The body that recreates `live` (checkpoint, excluded nodes, memory), and what went into it."""
         ...
 
-    def policy_context(self, incident_id: str, rc: RootCause) -> PolicyContext:
+    async def policy_context(self, incident_id: str, rc: RootCause) -> PolicyContext:
         """The policy context of the incident as its plan recorded it."""
+        ...
+
+    async def in_policy(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+        """Run one step on the policy state (a reservation, its commit or release, a refusal
+        recorded) off the event loop, one at a time with the plan-time decisions, so a reservation
+        stays atomic with them. Once started, the step completes even if the caller is cancelled."""
         ...
 
     def save_body(self, incident_id: str, seq: int, body: Mapping[str, Any]) -> dict[str, Any]:

@@ -67,7 +67,7 @@ async def _take(call: ActionCall) -> dict[str, Any]:
     # dump_stacks bounds each pod by `timeout` and never raises; the outer bound is for the exec layer.
     dumps = await asyncio.wait_for(dump_stacks(rt.stack_source, pods, timeout_s=timeout), timeout=2 * timeout + 5)
     taken = {n: d for n, d in dumps.items() if d.text}
-    scene = rt.scene_path(call.incident_id)
+    scene = await rt.scene_path(call.incident_id)
     if scene is None:
         return {"reason": "the incident has no scene directory to keep the stacks in", "pods": len(pods)}
     files = await asyncio.to_thread(_save, scene, dumps)

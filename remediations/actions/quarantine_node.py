@@ -68,7 +68,9 @@ async def _claim(call: ActionCall, node: str, ctx: PolicyContext) -> None:
             allowed,
         )
         raise ActionBlocked(
-            rt.policy.breaker_refusal(node, ctx, rt.policy_state, len(ahead), incident_id=call.incident_id)
+            await rt.in_policy(
+                rt.policy.breaker_refusal, node, ctx, rt.policy_state, len(ahead), incident_id=call.incident_id
+            )
         )
 
 
@@ -83,13 +85,13 @@ async def run(call: ActionCall) -> None:
     pool, pool_size = rt.policy.pool_of(node, nodes)
     quarantined = rt.policy.pool_quarantined(node, nodes)
     ctx = dataclasses.replace(
-        rt.policy_context(call.incident_id, rc),
+        await rt.policy_context(call.incident_id, rc),
         node=node,
         pool=pool,
         pool_size=pool_size,
         quarantined=quarantined,
     )
-    refused = rt.policy.reserve_quarantine(node, ctx, rt.policy_state, incident_id=call.incident_id)
+    refused = await rt.in_policy(rt.policy.reserve_quarantine, node, ctx, rt.policy_state, incident_id=call.incident_id)
     if refused is not None:
         raise ActionBlocked(refused)
     try:
@@ -99,9 +101,9 @@ async def run(call: ActionCall) -> None:
             node, incident_id=call.incident_id, fault_class=rc.fault_class.value, reason=rc.summary.en
         )
     except BaseException:
-        rt.policy.release_quarantine(node, ctx, rt.policy_state)
+        await rt.in_policy(rt.policy.release_quarantine, node, ctx, rt.policy_state)
         raise
-    rt.policy.commit_quarantine(node, ctx, rt.policy_state, incident_id=call.incident_id)
+    await rt.in_policy(rt.policy.commit_quarantine, node, ctx, rt.policy_state, incident_id=call.incident_id)
     await call.journal.update(
         call.seq, "done", result={"node": node, "changed": result.changed, "already_by": result.already_by}
     )

@@ -115,15 +115,17 @@ async def run(call: ActionCall) -> None:
                 f"({changed}): it was resubmitted or changed since; the plan is cancelled as stale and the "
                 "job left as it is"
             )
-        ctx = dataclasses.replace(rt.policy_context(call.incident_id, rc), lineage_restarts=lineage_restarts(live))
-        refused = rt.policy.restart_refused(ctx, rt.policy_state, call.incident_id)
+        ctx = dataclasses.replace(
+            await rt.policy_context(call.incident_id, rc), lineage_restarts=lineage_restarts(live)
+        )
+        refused = await rt.in_policy(rt.policy.restart_refused, ctx, rt.policy_state, call.incident_id)
         if refused is not None:
             raise ActionBlocked(refused)
         try:
             body, resume = await rt.replacement(call.incident_id, live, rc)
             ref = await asyncio.to_thread(rt.save_body, call.incident_id, call.seq, body)
         except BaseException:
-            rt.policy.release_restart(ctx, rt.policy_state, call.incident_id)  # nothing was deleted
+            await rt.in_policy(rt.policy.release_restart, ctx, rt.policy_state, call.incident_id)  # nothing deleted
             raise
         params.update(
             body=redact_object(body),
@@ -182,7 +184,8 @@ async def run(call: ActionCall) -> None:
             raise PermanentKubeError(
                 f"{params['kind']} {job.namespace}/{job.name} was recreated by someone else meanwhile; left as it is"
             ) from None
-    rt.policy.commit_restart(rt.policy_context(call.incident_id, rc), rt.policy_state, incident_id=call.incident_id)
+    ctx = await rt.policy_context(call.incident_id, rc)
+    await rt.in_policy(rt.policy.commit_restart, ctx, rt.policy_state, incident_id=call.incident_id)
     await call.journal.update(call.seq, "done", result=restart_result(created))
     rt.drop_body(params)
     log.info(

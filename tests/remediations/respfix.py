@@ -341,12 +341,13 @@ def harness(
     stack_source: Any = None,
     crash_journal: tuple[str, str] | None = None,
     bus: MemoryBus | None = None,
+    state: MemoryPolicyState | None = None,
     **settings: Any,
 ) -> Harness:
     kube = kube or FakeKube()
     store = CrashingStore(tmp / "incidents.db")
     store.crash_at = crash_journal
-    state = MemoryPolicyState()
+    state = state or MemoryPolicyState()
     responder = Responder(
         bus or MemoryBus(),
         kube,  # type: ignore[arg-type]

@@ -4,7 +4,9 @@ and the count of quarantined nodes is the cluster's own (nodes carrying trainmed
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
+from collections.abc import Collection
 from pathlib import Path
 
 import pytest
@@ -12,6 +14,7 @@ from respfix import FakeKube, Harness, diagnosis, harness, node, policy
 
 from agent.store import IncidentStatus
 from remediations.policy import CLAIM_ANNOTATION, RESERVATION_HOLD_S, format_claim
+from remediations.policy_state import MemoryPolicyState
 
 pytestmark = pytest.mark.asyncio
 
@@ -60,6 +63,50 @@ async def test_an_approved_plan_is_checked_again_when_it_runs(tmp_path: Path) ->
     await h.responder._execute_again(second.id)
     assert kube.quarantines == ["gpu-0"]
     assert h.store.get(second.id).status is IncidentStatus.BLOCKED
+
+
+class ThreadRecordingState(MemoryPolicyState):
+    """The in-memory policy state, noting the thread of every write."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes: list[tuple[str, str]] = []
+
+    def reserve(self, key: str, member: str, *, limit: int, held: Collection[str], t: float, since: float) -> bool:
+        self.writes.append(("reserve", threading.current_thread().name))
+        return super().reserve(key, member, limit=limit, held=held, t=t, since=since)
+
+    def release(self, key: str, member: str) -> None:
+        self.writes.append(("release", threading.current_thread().name))
+        super().release(key, member)
+
+    def record(self, kind: str, key: str, t: float) -> None:
+        self.writes.append((f"record {kind}", threading.current_thread().name))
+        super().record(kind, key, t)
+
+
+@pytest.mark.looptime
+async def test_the_actions_policy_steps_run_off_the_loop_in_the_policy_thread(tmp_path: Path) -> None:
+    """The actions' reservations, their commits and a refusal at run time write the policy state
+    (SQLite in production) from the policy thread, never on the event loop."""
+    kube = FakeKube(nodes={f"gpu-{i}": node(f"gpu-{i}") for i in range(10)})
+    state = ThreadRecordingState()
+    h = harness(tmp_path, policy("circuit_breaker:\n  max_share: 0.1\n", mode="approve"), kube, state=state)
+    first = await h.handle(diagnosis("train", "job-0", "gpu-0"))
+    second = await h.handle(diagnosis("train", "job-1", "gpu-1"))
+    planned = len(state.writes)
+    for i in (first, second):
+        h.store.approve(i.id, by="sre")
+    await h.responder._execute_again(first.id)
+    await h.responder._execute_again(second.id)
+
+    assert kube.quarantines == ["gpu-0"]
+    assert h.store.get(second.id).status is IncidentStatus.BLOCKED
+    at_run_time = state.writes[planned:]
+    assert [kind for kind, _ in at_run_time].count("reserve") == 2
+    loop_thread = threading.current_thread().name
+    assert [w for w in state.writes if w[1] == loop_thread] == []
+    assert {name for _, name in state.writes} == {"trainmedic-policy_0"}
 
 
 def brains(tmp_path: Path, kube: FakeKube, count: int, share: float, mode: str = "enforce") -> list[Harness]:
