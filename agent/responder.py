@@ -80,6 +80,7 @@ from remediations.scene import SceneInputs, SceneSettings, save_scene, warm_reda
 from remediations.stacks import ExecResult, StackSource, exec_in_pod
 from trainmedic.events import DiagnosisEvent, IncidentEvent, JobRef, Topic, make_event
 from trainmedic.models import FaultClass, I18nText, RootCause
+from trainmedic.ratelog import RateLimitedLog
 from trainmedic.timefmt import parse_rfc3339
 
 if TYPE_CHECKING:
@@ -224,6 +225,7 @@ class Responder:
         self._seq = 0
         self._slots = asyncio.Semaphore(self.settings.max_concurrent)
         self._policy_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="trainmedic-policy")
+        self._degraded_log = RateLimitedLog(60.0)
         self.degraded = 0
         self.changed = asyncio.Event()
 
@@ -497,7 +499,16 @@ class Responder:
             self.store.set_status, incident.id, IncidentStatus.OBSERVED, {"mode": Mode.OBSERVE.value, "degraded": why}
         )
         incident = await asyncio.to_thread(self.store.get, incident.id)
-        log.warning("incident %s for %s: observe-only: %s", incident.id, incident.key, why)
+        # In a storm thousands are shed: one line a minute says how many (each incident notes why).
+        if self._degraded_log.ready():
+            held = self._degraded_log.take_suppressed()
+            log.warning(
+                "incident %s for %s: observe-only: %s%s",
+                incident.id,
+                incident.key,
+                why,
+                f" ({held} more incident(s) handled observe-only since the last such line)" if held else "",
+            )
         self._finish(incident)
         await self._publish(incident, rc)
         return incident

@@ -58,6 +58,7 @@ from agent.bus.base import Bus, Consumer, Record, TopicPartition
 from agent.telemetry import Telemetry
 from trainmedic.backoff import backoff_delay
 from trainmedic.events import MAX_MESSAGE_BYTES, DeadLetter, Event, Topic, make_event
+from trainmedic.ratelog import RateLimitedLog
 
 log = logging.getLogger("trainmedic.bus")
 
@@ -94,27 +95,6 @@ def kafka_partition(key: bytes | None, partitions: int) -> int:
     if key is None:
         return random.randrange(partitions)  # noqa: S311
     return int((murmur2(key) & 0x7FFFFFFF) % partitions)
-
-
-class _RateLimitedLog:
-    """One log line per `every` seconds for a recurring condition, with what happened in between."""
-
-    def __init__(self, every: float = _LOG_EVERY_S) -> None:
-        self.every = every
-        self.last = -float("inf")
-        self.suppressed = 0
-
-    def ready(self) -> bool:
-        now = time.monotonic()
-        if now - self.last >= self.every:
-            self.last = now
-            return True
-        self.suppressed += 1
-        return False
-
-    def take_suppressed(self) -> int:
-        n, self.suppressed = self.suppressed, 0
-        return n
 
 
 @dataclass(slots=True)
@@ -215,9 +195,9 @@ class KafkaBus(Bus):
         self._topic_failures = 0
         self._failing_since: float | None = None
         self._since_yield = 0
-        self._dropped_log = _RateLimitedLog()
+        self._dropped_log = RateLimitedLog(_LOG_EVERY_S)
         self._dropped_since_log = 0
-        self._retry_log = _RateLimitedLog()
+        self._retry_log = RateLimitedLog(_LOG_EVERY_S)
         self.acked = 0
 
     # -- lifecycle -------------------------------------------------------------------------------------
@@ -738,7 +718,7 @@ class KafkaConsumer(Consumer):
         self._running = False
         self._failures = 0
         self._retry_at = 0.0
-        self._log = _RateLimitedLog()
+        self._log = RateLimitedLog(_LOG_EVERY_S)
 
     async def start(self) -> None:
         """Join the group. A broker that is down now is retried by `getmany()`, not raised."""
