@@ -64,6 +64,7 @@ from agent.telemetry import Telemetry
 from remediations import checkpoints as ckpt
 from remediations import workloads as wl
 from remediations.actions import ACTIONS, ActionCall, Entry
+from remediations.actions.quarantine_node import pool_nodes
 from remediations.actions.restart_from_checkpoint import identity, lineage_restarts
 from remediations.errors import (
     ActionBlocked,
@@ -1015,7 +1016,7 @@ class Responder:
 
     async def _context(self, incident: Incident, rc: RootCause, workload: Mapping[str, Any] | None) -> PolicyContext:
         try:
-            nodes = await self.kube.list_nodes()
+            nodes = await pool_nodes(self.kube, self.policy, rc.node)
         except KubeError as e:
             log.warning("cannot list nodes for the circuit breaker: %s", e)
             nodes = []

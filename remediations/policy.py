@@ -715,23 +715,47 @@ class Policy:
         value = mine[label]
         return f"{label}={value}", sum(labels.get(label) == value for _, labels in labelled)
 
+    def pool_selector(self, node: Mapping[str, Any] | None) -> dict[str, str] | None:
+        """The label selector of the pool of the Node object `node` (see `pool_of`), for listing
+        only that pool's nodes; None when its pool is all nodes (no label configured, or the node
+        lacks it) or the node is unknown."""
+        label = self.spec.circuit_breaker.pool_label
+        meta = node.get("metadata") if isinstance(node, Mapping) else None
+        labels = meta.get("labels") if isinstance(meta, Mapping) else None
+        if not label or not isinstance(labels, Mapping) or not isinstance(labels.get(label), str):
+            return None
+        return {label: labels[label]}
+
+    def _pool_members(
+        self, node: str | None, nodes: Iterable[Mapping[str, Any]]
+    ) -> list[tuple[str, Mapping[str, Any]]]:
+        """(name, Node) of the nodes in `node`'s pool (see `pool_of`: the pool of all nodes takes
+        every node), in one pass over `nodes`."""
+        named: list[tuple[str, Mapping[str, Any]]] = []
+        for obj in nodes:
+            meta = obj.get("metadata") if isinstance(obj, Mapping) else None
+            if isinstance(meta, Mapping) and isinstance(meta.get("name"), str):
+                named.append((meta["name"], obj))
+        pool, _ = self.pool_of(node, (obj for _, obj in named))
+        if pool == ALL_NODES_POOL:
+            return named
+        label = self.pool_label or ""
+        out = []
+        for name, obj in named:
+            raw = obj["metadata"].get("labels")
+            labels: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
+            if f"{label}={labels.get(label)}" == pool:
+                out.append((name, obj))
+        return out
+
     def pool_quarantined(self, node: str | None, nodes: Iterable[Mapping[str, Any]]) -> frozenset[str]:
         """The nodes of `node`'s pool (see `pool_of`) that carry a taint of trainmedic's
         (`trainmedic.io/...`): the cluster's own count for the circuit breaker."""
-        nodes = list(nodes)
-        pool, _ = self.pool_of(node, nodes)
         out: set[str] = set()
-        for obj in nodes:
-            meta = obj.get("metadata") if isinstance(obj, Mapping) else None
-            if not isinstance(meta, Mapping) or not isinstance(meta.get("name"), str):
-                continue
-            raw = meta.get("labels")
-            labels: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
-            if pool != ALL_NODES_POOL and f"{self.pool_label}={labels.get(self.pool_label or '')}" != pool:
-                continue
+        for name, obj in self._pool_members(node, nodes):
             taints = (obj.get("spec") or {}).get("taints") or []
             if any(isinstance(t, Mapping) and str(t.get("key", "")).startswith(TAINT_PREFIX) for t in taints):
-                out.add(meta["name"])
+                out.add(name)
         return frozenset(out)
 
     def pool_claims(
@@ -740,19 +764,12 @@ class Policy:
         """The breaker claims (`trainmedic.io/breaker-claim`, written by any brain right before it
         taints a node) on the nodes of `node`'s pool made at `t >= since`, as (t, node), oldest first:
         the order every brain ranks them in."""
-        nodes = list(nodes)
-        pool, _ = self.pool_of(node, nodes)
         out: list[tuple[float, str]] = []
-        for obj in nodes:
-            meta = obj.get("metadata") if isinstance(obj, Mapping) else None
-            if not isinstance(meta, Mapping) or not isinstance(meta.get("name"), str):
-                continue
-            if self.pool_of(meta["name"], nodes)[0] != pool:
-                continue
-            ann = meta.get("annotations")
+        for name, obj in self._pool_members(node, nodes):
+            ann = obj["metadata"].get("annotations")
             claim = parse_claim(ann.get(CLAIM_ANNOTATION) if isinstance(ann, Mapping) else None)
             if claim is not None and claim[0] >= since:
-                out.append((claim[0], meta["name"]))
+                out.append((claim[0], name))
         return sorted(out)
 
     def breaker_refusal(

@@ -82,6 +82,8 @@ class FakeKube:
     pods: list[dict[str, Any]] = field(default_factory=list)
     # Circuit-breaker claims written (trainmedic.io/breaker-claim).
     claims_written: int = 0
+    # The label selector of every node list (empty: all nodes).
+    node_lists: list[dict[str, str]] = field(default_factory=list)
     # An error the API (or a layer under it) answers the next delete with, once.
     fail_delete: Exception | None = None
     # Node problems reported (node-problem-detector style): (node, fault class, incident).
@@ -109,7 +111,9 @@ class FakeKube:
 
     async def list_nodes(self, *, label_selector: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
         await self._rtt()
-        return [copy.deepcopy(n) for n in self.nodes.values()]
+        self.node_lists.append(dict(label_selector or {}))
+        want = (label_selector or {}).items()
+        return [copy.deepcopy(n) for n in self.nodes.values() if want <= (n["metadata"].get("labels") or {}).items()]
 
     async def get_node(self, name: str) -> dict[str, Any] | None:
         await self._rtt()

@@ -10,7 +10,7 @@ from collections.abc import Collection
 from pathlib import Path
 
 import pytest
-from respfix import FakeKube, Harness, diagnosis, harness, node, policy
+from respfix import POOL_LABEL, FakeKube, Harness, diagnosis, harness, node, policy
 
 from agent.store import IncidentStatus
 from remediations.policy import CLAIM_ANNOTATION, RESERVATION_HOLD_S, format_claim
@@ -187,3 +187,32 @@ async def test_the_plan_counts_a_claim_in_flight(tmp_path: Path, age_s: float, s
     else:
         assert not blocked
     assert kube.quarantines == []
+
+
+@pytest.mark.looptime
+async def test_the_breaker_reads_only_the_failing_nodes_pool(tmp_path: Path) -> None:
+    """With pools labelled, each incident lists only its pool's nodes (by the pool label), and the
+    share is counted within that pool: the other pool's taints do not count."""
+    nodes = {f"h-{i}": node(f"h-{i}", pool="h100") for i in range(10)}
+    nodes |= {f"a-{i}": node(f"a-{i}", pool="a100") for i in range(10)}
+    nodes["a-9"]["spec"]["taints"] = [{"key": "trainmedic.io/unhealthy", "effect": "NoSchedule"}]
+    kube = FakeKube(nodes=nodes)
+    h = harness(tmp_path, policy("circuit_breaker:\n  max_share: 0.1\n"), kube)
+    incident = await h.handle(diagnosis("train", "job-0", "h-0"))
+
+    assert incident.status is IncidentStatus.RESOLVED
+    assert kube.quarantines == ["h-0"]
+    assert kube.node_lists and all(sel == {POOL_LABEL: "h100"} for sel in kube.node_lists)
+
+
+@pytest.mark.looptime
+async def test_a_node_outside_any_pool_is_weighed_against_all_nodes(tmp_path: Path) -> None:
+    nodes = {f"gpu-{i}": node(f"gpu-{i}") for i in range(10)}
+    del nodes["gpu-0"]["metadata"]["labels"][POOL_LABEL]
+    kube = FakeKube(nodes=nodes)
+    h = harness(tmp_path, policy("circuit_breaker:\n  max_share: 0.1\n"), kube)
+    incident = await h.handle(diagnosis("train", "job-0", "gpu-0"))
+
+    assert kube.quarantines == ["gpu-0"]
+    assert incident.status is IncidentStatus.RESOLVED
+    assert kube.node_lists and all(sel == {} for sel in kube.node_lists)
