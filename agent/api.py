@@ -75,6 +75,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from agent.authlimit import AuthFailures, client_address
 from agent.config import ApiSettings, secret_setting
 from agent.jobindex import JobIndex
 from agent.store import Incident, IncidentStatus, IncidentStore, StoreError
@@ -180,6 +181,7 @@ _STATUS_TEXT: dict[int, tuple[str, str, str]] = {
     415: ("unsupported_media_type", "unsupported content type", "不支持的内容类型"),
     422: ("invalid_request", "the request does not match the API schema", "请求不符合 API 定义"),
     401: ("unauthorized", "a valid bearer token is required", "需要有效的令牌"),
+    429: ("too_many_failures", "too many wrong tokens from this address (Retry-After)", "该地址错误令牌过多"),
     500: ("internal", "internal error (logged by the agent)", "内部错误（已记录在代理日志中）"),
     503: ("unavailable", "not available in this agent, or not ready", "该代理不提供此功能或尚未就绪"),
 }
@@ -403,6 +405,8 @@ class AlertsAccepted(BaseModel):
 
 
 def _responses(*codes: int) -> dict[int | str, dict[str, Any]]:
+    # Wherever a token is checked, an address that sent too many wrong ones is refused (429).
+    codes = (*codes, 429) if 401 in codes else codes
     return {c: {"model": ErrorBody, "description": _STATUS_TEXT.get(c, ("", "error", ""))[1]} for c in codes}
 
 
@@ -419,6 +423,18 @@ def resolve_token(settings: ApiSettings, env: Mapping[str, str] | None = None) -
         what="api.token",
         env=env,
         unset=": state-changing calls are refused",
+    )
+
+
+def throttled(wait_s: float) -> ApiError:
+    """The answer to a client address that sent too many wrong tokens (agent/authlimit.py)."""
+    retry = max(1, math.ceil(wait_s))
+    return ApiError(
+        429,
+        "too_many_failures",
+        f"too many wrong tokens from this address: try again in {retry} s (api.auth_failure_limit)",
+        f"该地址发送的错误令牌过多：请在 {retry} 秒后重试（api.auth_failure_limit）",
+        headers={"Retry-After": str(retry)},
     )
 
 
@@ -460,9 +476,11 @@ class _Guard:
         allow_unauthenticated: bool,
         max_body_bytes: int,
         telemetry: Telemetry,
+        failures: AuthFailures,
         routes: Sequence[BaseRoute] = (),
     ) -> None:
         self.app = app
+        self.failures = failures
         self.routes = routes
         self.token = token.encode("utf-8") if token else None
         self.read_auth = read_auth
@@ -547,8 +565,15 @@ class _Guard:
         writes = method not in SAFE_METHODS
         console = path == CONSOLE_PREFIX or path.startswith(CONSOLE_PREFIX + "/")
         if not console and (writes or (self.read_auth and path not in OPEN_PATHS)):
+            client = client_address(scope.get("client"))
+            wait = self.failures.retry_after(client) if self.token is not None else None
+            if wait is not None:
+                await _send_error(send, throttled(wait))
+                return
             problem = self._auth_problem(headers)
             if problem is not None:
+                if problem.code == "invalid_token":
+                    self.failures.failed(client)
                 await _send_error(send, problem)
                 return
         raw_length = _header(headers, b"content-length")
@@ -935,6 +960,8 @@ def create_app(
     token = resolve_token(settings, env)
     if token is None and not settings.allow_unauthenticated:
         log.warning("no API token configured: approve, reject, diagnose and the alert receiver are refused")
+    failures = AuthFailures(limit=settings.auth_failure_limit, window_s=settings.auth_failure_window_s)
+    telemetry.refreshers.append(lambda: telemetry.state_entries.labels("auth_failures").set(len(failures)))
     app.add_middleware(
         _Guard,
         token=token,
@@ -942,6 +969,7 @@ def create_app(
         allow_unauthenticated=settings.allow_unauthenticated,
         max_body_bytes=settings.max_body_bytes,
         telemetry=telemetry,
+        failures=failures,
         routes=app.router.routes,
     )
 
@@ -1237,7 +1265,16 @@ def create_app(
     if settings.console:
         from agent.console import mount_console
 
-        mount_console(app, store=store, settings=settings, token=token, render=render, release=release_node, env=env)
+        mount_console(
+            app,
+            store=store,
+            settings=settings,
+            token=token,
+            render=render,
+            release=release_node,
+            env=env,
+            failures=failures,
+        )
     return app
 
 

@@ -402,6 +402,18 @@ class ApiSettings(_Group):
     approve_link_ttl_s: float = Field(
         86_400.0, ge=60, le=30 * 86_400, description="How long a signed approve link in a chat message stays valid."
     )
+    auth_failure_limit: int = Field(
+        10,
+        ge=1,
+        le=10_000,
+        description=(
+            "Wrong tokens one client address may send (API bearer, console sign-in) within "
+            "auth_failure_window_s; past it the address is refused with 429 until the window passes."
+        ),
+    )
+    auth_failure_window_s: float = Field(
+        60.0, gt=0, le=86_400, description="The window of auth_failure_limit, in seconds."
+    )
 
     @model_validator(mode="after")
     def _check_public_url(self) -> ApiSettings:

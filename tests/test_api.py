@@ -1314,3 +1314,47 @@ async def test_an_old_journal_with_env_values_is_served_redacted(engine: Engine,
     assert r.status_code == 200
     assert "wandb-secret-value" not in r.text and "hf_secretvalue" not in r.text
     assert "WANDB_API_KEY" in r.text
+
+
+@pytest.mark.parametrize("via", ["api", "console"])
+@pytest.mark.asyncio
+async def test_wrong_tokens_throttle_the_address_for_api_and_console(
+    engine: Engine, store: IncidentStore, via: str
+) -> None:
+    """Three wrong tokens from one address (API bearer or console sign-in, one shared count): then
+    that address is refused with 429 even with the right token, on both; another address is not."""
+    app = make_app(engine, store, settings=ApiSettings(token=TOKEN, auth_failure_limit=3))
+    guesser = httpx.ASGITransport(app=app, client=("10.0.0.66", 40000))
+    other = httpx.ASGITransport(app=app, client=("10.0.0.7", 40000))
+    async with httpx.AsyncClient(transport=guesser, base_url="http://trainmedic") as c:
+        for i in range(3):
+            if via == "api":
+                r = await c.get("/api/v1/incidents", headers={"Authorization": f"Bearer guess-{i}"})
+                assert r.status_code == 401
+            else:
+                r = await c.post("/console/login", data={"token": f"guess-{i}", "name": "mallory"})
+                assert r.status_code == 401
+        r = await c.get("/api/v1/incidents", headers=AUTH)
+        assert r.status_code == 429
+        assert r.json()["code"] == "too_many_failures"
+        assert int(r.headers["retry-after"]) >= 1
+        assert "api.auth_failure_limit" in r.json()["error"]
+        r = await c.post("/console/login", data={"token": TOKEN, "name": "mallory"})
+        assert r.status_code == 429
+        assert "set-cookie" not in r.headers
+        assert int(r.headers["retry-after"]) >= 1
+    async with httpx.AsyncClient(transport=other, base_url="http://trainmedic") as c:
+        assert (await c.get("/api/v1/incidents", headers=AUTH)).status_code == 200
+        r = await c.post("/console/login", data={"token": TOKEN, "name": "alice"})
+        assert r.status_code == 303
+
+
+@pytest.mark.asyncio
+async def test_open_reads_and_missing_tokens_are_not_counted(engine: Engine, store: IncidentStore) -> None:
+    app = make_app(engine, store, settings=ApiSettings(token=TOKEN, auth_failure_limit=2))
+    transport = httpx.ASGITransport(app=app, client=("10.0.0.8", 1))
+    async with httpx.AsyncClient(transport=transport, base_url="http://trainmedic") as c:
+        for _ in range(5):
+            assert (await c.get("/api/v1/incidents")).status_code == 401  # no token at all
+            assert (await c.get("/healthz")).status_code == 200
+        assert (await c.get("/api/v1/incidents", headers=AUTH)).status_code == 200

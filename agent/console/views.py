@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+import math
 import os
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -34,6 +35,7 @@ from urllib.parse import urlencode
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 
+from agent.authlimit import AuthFailures, client_address
 from agent.config import ApiSettings
 from agent.console import parts
 from agent.console.pages import (
@@ -99,6 +101,8 @@ class Console:
     render: Render | None
     release: ReleaseNode | None
     clock: Callable[[], float]
+    # Wrong tokens per client address, shared with the API's bearer check (agent/authlimit.py).
+    failures: AuthFailures
 
     # -- auth -------------------------------------------------------------------------------------
 
@@ -109,7 +113,13 @@ class Console:
             return False
         if self.token is None:
             return self.settings.allow_unauthenticated
-        return hmac.compare_digest(credentials.strip().encode(), self.token.encode())
+        client = client_address(request.scope.get("client"))
+        if self.failures.retry_after(client) is not None:
+            return False  # throttled: not even a right token is looked at
+        if hmac.compare_digest(credentials.strip().encode(), self.token.encode()):
+            return True
+        self.failures.failed(client)
+        return False
 
     def session_of(self, request: Request) -> Session | None:
         return self.sessions.check(request.cookies.get(SESSION_COOKIE), now=self.clock())
@@ -176,8 +186,10 @@ def mount_console(
     release: ReleaseNode | None = None,
     env: Mapping[str, str] | None = None,
     clock: Callable[[], float] = time.time,
+    failures: AuthFailures | None = None,
 ) -> Console:
-    """Add the console's routes to `app` (the API calls this in create_app)."""
+    """Add the console's routes to `app` (the API calls this in create_app, sharing its throttle of
+    wrong tokens: `failures`)."""
     key = console_key(settings, token, env)
     if key is None:
         # No secret anywhere: sessions are signed with a key of this process (they end at a restart);
@@ -195,6 +207,11 @@ def mount_console(
         render=render,
         release=release,
         clock=clock,
+        failures=(
+            failures
+            if failures is not None
+            else AuthFailures(limit=settings.auth_failure_limit, window_s=settings.auth_failure_window_s)
+        ),
     )
     app.state.console = console
     router = APIRouter(prefix=PREFIX, include_in_schema=False)
@@ -259,11 +276,20 @@ def mount_console(
         form = await form_of(request)
         given = form.get("token", "")
         name = clean_text(form.get("name", ""), MAX_NAME_CHARS)
+        client = client_address(request.scope.get("client"))
+        wait = console.failures.retry_after(client) if token is not None else None
+        if wait is not None:
+            # Too many wrong tokens from this address: not even a right one is looked at.
+            screen = login_screen(request, error="login_throttled", status=429)
+            screen.headers["Retry-After"] = str(max(1, math.ceil(wait)))
+            return screen
         if token is not None:
             valid = hmac.compare_digest(given.strip().encode(), token.encode())
         else:
             valid = settings.allow_unauthenticated
         if not valid:
+            if token is not None:
+                console.failures.failed(client)
             log.warning("console: a sign-in with an invalid token was refused")
             return login_screen(request, error="login_failed", status=401)
         if not name:
