@@ -24,6 +24,7 @@ def test_an_address_is_refused_after_limit_failures_until_the_oldest_leaves_the_
         f.failed("10.0.0.1")
         clock.now += 1
     wait = f.retry_after("10.0.0.1")
+    assert wait is not None
     assert wait == pytest.approx(60.0 - limit)
     assert f.retry_after("10.0.0.2") is None  # another address is not affected
     clock.now += wait
