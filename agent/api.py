@@ -331,6 +331,9 @@ class RootCauseOut(BaseModel):
     # The same places with their node, device and rank where the logs say them.
     chain_places: list[PlaceOut] = []
     candidate_places: list[PlaceOut] = []
+    # The vendor's possible causes and ordered steps for the code, verbatim from its catalog.
+    vendor_causes: list[str] = []
+    vendor_steps: list[str] = []
 
 
 class FindingOut(BaseModel):

@@ -354,6 +354,8 @@ def _root_cause(root: Finding, entry: udal.CatalogEntry | None, findings: list[F
         device=device,
         rank=rank,
         summary=summary,
+        vendor_causes=[fill(c, root.text).strip() for c in entry.causes] if entry is not None else [],
+        vendor_steps=[fill(c, root.text).strip() for c in entry.steps] if entry is not None else [],
         hint=root.hint,
         rule_id=root.rule_id,
         severity=root.severity,

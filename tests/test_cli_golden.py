@@ -48,8 +48,10 @@ def test_json_contract_shape(capsys: pytest.CaptureFixture[str], monkeypatch: py
     assert main(["diagnose", "--logs", "examples/gpu-fell-off-bus", "--format", "json"]) == 0
     out = json.loads(capsys.readouterr().out)
     contract = {"fault_class", "chip", "code", "vendor_action", "action", "node", "device", "rank", "summary", "hint"}
-    # docs/contracts.md: the wait chain and the candidates (with their places) are additions to the shape.
-    assert set(out["root_cause"]) == contract | {"chain", "candidates", "chain_places", "candidate_places"}
+    # docs/contracts.md: the wait chain and the candidates (with their places) and the vendor's causes
+    # and steps are additions to the shape.
+    additions = {"chain", "candidates", "chain_places", "candidate_places", "vendor_causes", "vendor_steps"}
+    assert set(out["root_cause"]) == contract | additions
     for finding in out["findings"]:
         assert {"rule_id", "fault_class", "chip", "code", "source", "line_no", "text"} <= set(finding)
         # ... and each finding's place, null where the logs do not say it.

@@ -149,3 +149,40 @@ def test_summary_and_hint_in_both_languages(re_engine: Engine) -> None:
     assert any("\u4e00" <= ch <= "\u9fff" for ch in rc.summary.zh)
     assert any("\u4e00" <= ch <= "\u9fff" for ch in rc.hint.zh)
     assert rc.contract_dict("zh")["summary"] == rc.summary.zh
+
+
+@pytest.mark.parametrize(
+    ("line", "code", "causes", "steps"),
+    [
+        # HCCL EI0007: the catalog (HCCL error-code reference) gives a cause; EI0006 steps only.
+        (
+            "[ERROR] HCCL(9,python):2024-05-01 EI0007: Failed to allocate resource[notify] with info [x]. "
+            "Reason: Memory resources are exhausted.",
+            "EI0007",
+            1,
+            0,
+        ),
+        (
+            "[ERROR] HCCL(1,python):2024-05-01 EI0006: Getting socket times out. Reason: Remote Rank did not send "
+            "the data in time.",
+            "EI0006",
+            0,
+            3,
+        ),
+        # NVIDIA's Xid catalog publishes no cause list: empty, not invented.
+        ("NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=python, GPU has fallen off the bus.", "xid:79", 0, 0),
+    ],
+)
+def test_the_root_cause_carries_the_vendors_causes_and_steps(line: str, code: str, causes: int, steps: int) -> None:
+    import udal
+    from detectors.diagnose import diagnose_text, make_engine
+
+    rc = diagnose_text(line, make_engine()).root_cause
+    assert rc is not None and rc.code == code
+    entry = udal.lookup(rc.chip, rc.code)
+    assert entry is not None
+    assert len(rc.vendor_causes) == causes == len(entry.causes)
+    assert len(rc.vendor_steps) == steps == len(entry.steps)
+    assert rc.vendor_steps == [s.strip() for s in entry.steps]
+    d = rc.contract_dict()
+    assert d["vendor_causes"] == rc.vendor_causes and d["vendor_steps"] == rc.vendor_steps

@@ -286,6 +286,10 @@ class RootCause(BaseModel):
     # The same places with their node, device and rank (the chain's first, then the candidates').
     chain_places: list[Place] = Field(default_factory=list)
     candidate_places: list[Place] = Field(default_factory=list)
+    # The vendor's possible causes and ordered handling steps for the code, verbatim from its
+    # catalog (udal), placeholders filled from the line; empty where the vendor publishes none.
+    vendor_causes: list[str] = Field(default_factory=list)
+    vendor_steps: list[str] = Field(default_factory=list)
 
     def contract_dict(self, lang: str = "en") -> dict[str, object]:
         return {
@@ -303,6 +307,8 @@ class RootCause(BaseModel):
             "candidates": list(self.candidates),
             "chain_places": [p.contract_dict() for p in self.chain_places],
             "candidate_places": [p.contract_dict() for p in self.candidate_places],
+            "vendor_causes": list(self.vendor_causes),
+            "vendor_steps": list(self.vendor_steps),
         }
 
 
