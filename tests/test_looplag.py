@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
+import time
 
 import pytest
 
@@ -69,3 +71,40 @@ async def test_an_idle_loop_measures_no_lag(interval_s: float, seconds: float) -
     await task
     assert len(m.samples) == int(seconds / interval_s) + 1
     assert max(m.samples) == pytest.approx(0.0, abs=1e-6)
+
+
+def _hold_the_loop(seconds: float) -> None:
+    time.sleep(seconds)  # a synchronous step on the loop: what the watchdog must name
+
+
+@pytest.mark.asyncio
+async def test_a_held_loop_is_reported_with_the_stack_that_holds_it(caplog: pytest.LogCaptureFixture) -> None:
+    """Real time (no looptime): the loop is held by a synchronous call far past warn_s; the watchdog
+    thread names that call, once for the stall."""
+    m = LoopLagMonitor(Telemetry(), interval_s=0.05, warn_s=0.2, warn_every_s=60.0)
+    stop = asyncio.Event()
+    with caplog.at_level(logging.WARNING, logger="trainmedic.looplag"):
+        task = asyncio.create_task(m.run(stop))
+        await asyncio.sleep(0.2)
+        _hold_the_loop(2.0)
+        await asyncio.sleep(0.2)
+        stop.set()
+        await task
+    assert m.stalls == 1
+    assert any("_hold_the_loop" in line for line in m.last_stall)
+    warned = [r.getMessage() for r in caplog.records if "event loop held" in r.getMessage()]
+    assert len(warned) == 1 and "_hold_the_loop" in warned[0]
+
+
+def test_one_report_per_stall_and_a_new_one_after_the_loop_came_back() -> None:
+    m = LoopLagMonitor(Telemetry(), interval_s=0.25, warn_s=1.0, warn_every_s=0.0)
+    m._loop_thread = threading.get_ident()  # this thread plays the loop
+    m._beat = 100.0
+    assert not m.check_stall(100.5)  # within interval + warn_s
+    assert m.check_stall(102.0)
+    assert not m.check_stall(103.0)  # the same stall
+    m._beat = 103.0  # the loop came back
+    assert not m.check_stall(103.1)
+    assert m.check_stall(105.0)
+    assert m.stalls == 2
+    assert any("test_one_report_per_stall" in line for line in m.last_stall)
