@@ -387,11 +387,11 @@ class ApiSettings(_Group):
     public_url: str | None = Field(
         None,
         description="Base URL people reach this API at (e.g. https://trainmedic.ops): chat messages then link to "
-        "the incident's console page and carry a signed approve link for plans awaiting approval.",
+        "the incident's console page and carry signed approve and reject links for plans awaiting approval.",
     )
     console_secret: SecretStr | None = Field(
         None,
-        description="Key material for console sessions, CSRF tokens and signed approve links; prefer "
+        description="Key material for console sessions, CSRF tokens and signed approve / reject links; prefer "
         "console_secret_env or console_secret_file. Unset: derived from the API token. Never logged.",
     )
     console_secret_env: str | None = Field(None, description="Name of an environment variable holding console_secret.")
@@ -400,7 +400,10 @@ class ApiSettings(_Group):
         43_200.0, ge=60, le=30 * 86_400, description="How long a console login lasts (the signed cookie expires)."
     )
     approve_link_ttl_s: float = Field(
-        86_400.0, ge=60, le=30 * 86_400, description="How long a signed approve link in a chat message stays valid."
+        86_400.0,
+        ge=60,
+        le=30 * 86_400,
+        description="How long a signed approve or reject link in a chat message stays valid.",
     )
     auth_failure_limit: int = Field(
         10,

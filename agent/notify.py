@@ -394,6 +394,7 @@ class Notifier:
         env: Mapping[str, str] | None = None,
         incident_url: Callable[[str], str | None] | None = None,
         approve_url: Callable[[str, float], str | None] | None = None,
+        reject_url: Callable[[str, float], str | None] | None = None,
     ) -> None:
         self.settings = settings
         self.outbox = outbox
@@ -401,10 +402,12 @@ class Notifier:
         self.telemetry = telemetry
         self.clock = clock
         self.report_url = report_url
-        # The console's incident page, and the signed approve link for a plan awaiting approval
-        # (agent/console/security.py); made once, when the notice is queued, so a re-send carries the same.
+        # The console's incident page, and the signed approve and reject links for a plan awaiting
+        # approval (agent/console/security.py); made once, when the notice is queued, so a re-send
+        # carries the same.
         self.incident_url = incident_url
         self.approve_url = approve_url
+        self.reject_url = reject_url
         self.rng = rng or random.Random()  # noqa: S311 (jitter, not cryptography)
         self.sinks: list[Sink] = []
         problems = []
@@ -433,10 +436,14 @@ class Notifier:
         try:
             url = self.report_url(incident_id) if self.report_url is not None else None
             page = self.incident_url(incident_id) if self.incident_url is not None else None
-            approve = None
-            if self.approve_url is not None and event.payload.status == "awaiting_approval":
-                approve = self.approve_url(incident_id, self.clock())
-            notice = Notice.from_incident_event(event, report_url=url, incident_url=page, approve_url=approve)
+            approve = reject = None
+            if event.payload.status == "awaiting_approval":
+                now = self.clock()
+                approve = self.approve_url(incident_id, now) if self.approve_url is not None else None
+                reject = self.reject_url(incident_id, now) if self.reject_url is not None else None
+            notice = Notice.from_incident_event(
+                event, report_url=url, incident_url=page, approve_url=approve, reject_url=reject
+            )
         except (NoticeError, ValueError) as e:
             log.error("incident %s: cannot build a notice (%s); it is not sent", incident_id, e)
             return
@@ -823,8 +830,9 @@ def build_notifier(
             clock=clock,
             report_url=report_url,
             env=env,
-            incident_url=links[0] if links else None,
-            approve_url=links[1] if links else None,
+            incident_url=links.incident_url if links else None,
+            approve_url=links.approve_url if links else None,
+            reject_url=links.reject_url if links else None,
         )
     except NotifyError:
         outbox.close()

@@ -213,10 +213,11 @@ class Notice:
     advice: tuple[dict[str, str], ...] = ()
     # The fault's own severity, stable over the incident's life (see `fault_severity`).
     base_severity: str = field(default="warning")
-    # The incident's console page (api.public_url), and for a plan awaiting approval a signed,
-    # single-use, expiring link to the console's approve confirmation page.
+    # The incident's console page (api.public_url), and for a plan awaiting approval signed,
+    # single-use, expiring links to the console's approve and reject confirmation pages.
     incident_url: str | None = None
     approve_url: str | None = None
+    reject_url: str | None = None
     # Set on the page that says a sink could not deliver this notice for good (`sink_failure`).
     failed_sink: str | None = None
 
@@ -242,7 +243,9 @@ class Notice:
             "zh": clean_text(f"通知渠道 {sink} 永久投递失败：{why}。{self.summary['zh']}"),
         }
         # The single-use approve link stays with the sink it was made for; the incident link goes along.
-        return replace(self, failed_sink=sink, severity="critical", time=at, summary=summary, approve_url=None)
+        return replace(
+            self, failed_sink=sink, severity="critical", time=at, summary=summary, approve_url=None, reject_url=None
+        )
 
     def text(self, name: str, lang: str) -> str | None:
         """`summary` / `hint` / `blocked` in `lang` ("en" or "zh")."""
@@ -284,6 +287,7 @@ class Notice:
             # Only when set: receivers and stored notices without a console stay as they were.
             **({"incident_url": self.incident_url} if self.incident_url else {}),
             **({"approve_url": self.approve_url} if self.approve_url else {}),
+            **({"reject_url": self.reject_url} if self.reject_url else {}),
             **({"failed_sink": self.failed_sink} if self.failed_sink else {}),
         }
 
@@ -329,6 +333,7 @@ class Notice:
             base_severity=base if base in SEVERITY_RANK else "warning",
             incident_url=_opt_str(data.get("incident_url")),
             approve_url=_opt_str(data.get("approve_url")),
+            reject_url=_opt_str(data.get("reject_url")),
             failed_sink=_opt_str(data.get("failed_sink")),
         )
 
@@ -340,6 +345,7 @@ class Notice:
         report_url: str | None = None,
         incident_url: str | None = None,
         approve_url: str | None = None,
+        reject_url: str | None = None,
     ) -> Notice:
         """The notice of one `IncidentEvent` envelope; `event.time` is the change time."""
         p = event.payload
@@ -377,6 +383,7 @@ class Notice:
             base_severity=fault_severity(fault_class, rule_severity),
             incident_url=incident_url,
             approve_url=approve_url if p.status == "awaiting_approval" else None,
+            reject_url=reject_url if p.status == "awaiting_approval" else None,
         )
 
 

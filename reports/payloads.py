@@ -290,6 +290,7 @@ _L: dict[str, dict[str, str]] = {
         "report": "Report",
         "console": "Open in console",
         "approve": "Approve the plan",
+        "reject": "Reject the plan",
         "node": "node",
         "device": "device",
         "rank": "rank",
@@ -316,6 +317,7 @@ _L: dict[str, dict[str, str]] = {
         "report": "报告",
         "console": "在控制台查看",
         "approve": "批准处置方案",
+        "reject": "驳回处置方案",
         "node": "节点",
         "device": "设备",
         "rank": "rank",
@@ -408,6 +410,7 @@ def _for_chat(n: Notice) -> Notice:
         report_url=fits(n.report_url),
         incident_url=fits(n.incident_url),
         approve_url=fits(n.approve_url),
+        reject_url=fits(n.reject_url),
     )
 
 
@@ -542,9 +545,12 @@ def _single_lines(n: Notice, lang: str, d: _Dialect) -> list[str]:
         ref += " · " + d.link(w["console"], n.incident_url)
     if n.report_url:
         ref += " · " + d.link(w["report"], n.report_url)
-    if n.approve_url and n.status == "awaiting_approval":
+    if n.status == "awaiting_approval":
         # On the reference line, which stays whole when the other lines are cut to fit.
-        ref += " · " + d.link(w["approve"], n.approve_url)
+        if n.approve_url:
+            ref += " · " + d.link(w["approve"], n.approve_url)
+        if n.reject_url:
+            ref += " · " + d.link(w["reject"], n.reject_url)
     rows.append((w["incident"], ref))
     return [f"{d.bold(k)}{colon}{v}" for k, v in rows if v]
 

@@ -528,10 +528,12 @@ async def test_release_without_a_cluster_says_how(store: IncidentStore, quaranti
 # Signed approve links
 
 
-def link_path(settings: ApiSettings, incident_id: str, *, now: float, token: str = TOKEN) -> str:
+def link_path(
+    settings: ApiSettings, incident_id: str, *, now: float, token: str = TOKEN, action: str = "approve"
+) -> str:
     links = message_links(settings, token=token, env={})
     assert links is not None
-    url = links[1](incident_id, now)
+    url = (links.approve_url if action == "approve" else links.reject_url)(incident_id, now)
     assert url is not None and url.startswith(f"{settings.public_url}/console/link/")
     return url[len(str(settings.public_url)) :]
 
@@ -539,11 +541,12 @@ def link_path(settings: ApiSettings, incident_id: str, *, now: float, token: str
 PUBLIC = ApiSettings(token=TOKEN, public_url="https://trainmedic.example")
 
 
+@pytest.mark.parametrize("action", ["approve", "reject"])
 @pytest.mark.asyncio
-async def test_signed_link_confirms_then_approves_once(store: IncidentStore, pending: str) -> None:
+async def test_signed_link_confirms_then_decides_once(store: IncidentStore, pending: str, action: str) -> None:
     import time
 
-    path = link_path(PUBLIC, pending, now=time.time())
+    path = link_path(PUBLIC, pending, now=time.time(), action=action)
     async with client(make_app(store, PUBLIC)) as c:
         # Opening the link (a chat preview does this too) changes nothing.
         first = await c.get(path)
@@ -554,10 +557,12 @@ async def test_signed_link_confirms_then_approves_once(store: IncidentStore, pen
         r = await c.post(path, data={"csrf": csrf_of(first.text), "by": "carol"})
         reused = await c.post(path, data={"csrf": csrf_of(first.text), "by": "carol"})
         reopened = await c.get(path)
-    assert r.status_code == 200 and LABELS["en"]["link_done"] in r.text
+    done = "link_done" if action == "approve" else "link_done_reject"
+    assert LABELS["en"]["confirm_button" if action == "approve" else "confirm_button_reject"] in first.text
+    assert r.status_code == 200 and LABELS["en"][done] in r.text
     incident = store.get(pending)
-    assert incident.status is IncidentStatus.ACTING
-    assert incident.approval is not None and incident.approval["by"] == "carol (approve link)"
+    assert incident.status is (IncidentStatus.ACTING if action == "approve" else IncidentStatus.REJECTED)
+    assert incident.approval is not None and incident.approval["by"] == f"carol ({action} link)"
     assert reused.status_code == 410 and reopened.status_code == 410
     assert LABELS["en"]["link_used"] in reused.text
 
@@ -602,6 +607,25 @@ async def test_signed_links_that_cannot_be_used(store: IncidentStore, pending: s
         assert store.get(pending).approval is None
 
 
+@pytest.mark.parametrize("first", ["approve", "reject"])
+@pytest.mark.asyncio
+async def test_the_other_decision_link_is_refused_once_one_was_used(
+    store: IncidentStore, pending: str, first: str
+) -> None:
+    """A message carries both links: once one decided, the other finds no plan waiting (409)."""
+    import time
+
+    now = time.time()
+    other = "reject" if first == "approve" else "approve"
+    async with client(make_app(store, PUBLIC)) as c:
+        used = link_path(PUBLIC, pending, now=now, action=first)
+        page = await c.get(used)
+        assert (await c.post(used, data={"csrf": csrf_of(page.text), "by": "carol"})).status_code == 200
+        later = await c.get(link_path(PUBLIC, pending, now=now, action=other))
+    assert later.status_code == 409
+    assert store.get(pending).status is (IncidentStatus.ACTING if first == "approve" else IncidentStatus.REJECTED)
+
+
 def test_links_need_a_key_and_a_public_url() -> None:
     assert message_links(ApiSettings(token=TOKEN), token=TOKEN, env={}) is None
     no_key = message_links(ApiSettings(public_url="https://t.example"), token=None, env={})
@@ -644,11 +668,12 @@ def awaiting_notice(**kw: Any) -> Notice:
 
 @pytest.mark.parametrize("kind", ["feishu", "dingtalk", "wecom", "slack", "cloudevents"])
 @pytest.mark.parametrize("lang", ["en", "zh"])
-def test_chat_messages_link_the_incident_and_the_approve_link(kind: str, lang: str) -> None:
+def test_chat_messages_link_the_incident_and_the_decision_links(kind: str, lang: str) -> None:
     links = message_links(PUBLIC, token=TOKEN, env={})
     assert links is not None
-    page, approve = links[0]("pend1234abcd"), links[1]("pend1234abcd", T0)
-    n = awaiting_notice(incident_url=page, approve_url=approve)
+    page, approve = links.incident_url("pend1234abcd"), links.approve_url("pend1234abcd", T0)
+    reject = links.reject_url("pend1234abcd", T0)
+    n = awaiting_notice(incident_url=page, approve_url=approve, reject_url=reject)
     body = {
         "feishu": lambda: payloads.feishu_message([n], lang=lang, secret=None, timestamp=int(T0)),
         "dingtalk": lambda: payloads.dingtalk_message([n], lang=lang),
@@ -657,10 +682,10 @@ def test_chat_messages_link_the_incident_and_the_approve_link(kind: str, lang: s
         "cloudevents": lambda: payloads.cloudevent(n, source="trainmedic"),
     }[kind]()
     text = payloads.encode_body(body).decode()
-    assert page in text and str(approve) in text
+    assert page in text and str(approve) in text and str(reject) in text
     if kind != "cloudevents":
         words = payloads._L[lang]
-        assert words["console"] in text and words["approve"] in text
+        assert words["console"] in text and words["approve"] in text and words["reject"] in text
     # The notice survives the outbox's round trip with its links.
     assert Notice.from_dict(n.as_dict()) == n
 
@@ -715,11 +740,12 @@ async def test_the_notifier_queues_notices_with_the_console_links(
         notifier.outbox.close()
     notice = item.notice
     assert notice.incident_url == f"https://trainmedic.example/console/incidents/{pending}"
-    assert (notice.approve_url is not None) is approve_link
-    if notice.approve_url is not None:
+    assert (notice.approve_url is not None) is (notice.reject_url is not None) is approve_link
+    if notice.approve_url is not None and notice.reject_url is not None:
         async with client(make_app(store, PUBLIC)) as c:
-            page = await c.get(notice.approve_url.removeprefix("https://trainmedic.example"))
-        assert page.status_code == 200 and 'id="confirm-form"' in page.text
+            for url in (notice.approve_url, notice.reject_url):
+                page = await c.get(url.removeprefix("https://trainmedic.example"))
+                assert page.status_code == 200 and 'id="confirm-form"' in page.text
 
 
 @pytest.mark.parametrize(("site", "status"), [("cross-site", 200), ("same-origin", 303), (None, 303)])

@@ -29,7 +29,7 @@ import logging
 import secrets
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from agent.config import ApiSettings, secret_setting
 
@@ -161,9 +161,9 @@ class LinkProblem(Exception):
 
 
 class Links:
-    """Signed, single-use, expiring links (the approve link in chat messages)."""
+    """Signed, single-use, expiring links (the approve and reject links in chat messages)."""
 
-    ACTIONS = frozenset({"approve"})
+    ACTIONS = frozenset({"approve", "reject"})
 
     def __init__(self, key: bytes, *, ttl_s: float) -> None:
         self._signer = Signer(key, "link")
@@ -202,11 +202,20 @@ class Links:
         return bool(given) and hmac.compare_digest(str(given).encode(), self.csrf(link).encode())
 
 
+class MessageLinks(NamedTuple):
+    """What chat messages link to: the incident's console page, and for a plan awaiting approval
+    the signed approve and reject links (None where no key is configured)."""
+
+    incident_url: Callable[[str], str]
+    approve_url: Callable[[str, float], str | None]
+    reject_url: Callable[[str, float], str | None]
+
+
 def message_links(
     settings: ApiSettings, *, token: str | None, env: Mapping[str, str] | None = None
-) -> tuple[Callable[[str], str], Callable[[str, float], str | None]] | None:
-    """(incident_url(id), approve_url(id, now)) for messages, from api.public_url and the console key;
-    None when no public URL is configured. approve_url is None where no key is configured."""
+) -> MessageLinks | None:
+    """The links for messages, from api.public_url and the console key; None when no public URL is
+    configured. The decision links are None where no key is configured."""
     if not settings.public_url or not settings.console:
         return None
     base = settings.public_url.rstrip("/")
@@ -216,9 +225,12 @@ def message_links(
     def incident_url(incident_id: str) -> str:
         return f"{base}/console/incidents/{incident_id}"
 
-    def approve_url(incident_id: str, now: float) -> str | None:
-        if links is None:
-            return None
-        return f"{base}/console/link/{links.make(incident_id, 'approve', now=now)}"
+    def decision_url(action: str) -> Callable[[str, float], str | None]:
+        def url(incident_id: str, now: float) -> str | None:
+            if links is None:
+                return None
+            return f"{base}/console/link/{links.make(incident_id, action, now=now)}"
 
-    return incident_url, approve_url
+        return url
+
+    return MessageLinks(incident_url, decision_url("approve"), decision_url("reject"))

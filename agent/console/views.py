@@ -538,6 +538,7 @@ def mount_console(
             hint=hint,
             actions=parts.actions(incident),
             link_csrf=console.links.csrf(link),
+            link_sfx="" if link.action == "approve" else "_reject",
             expires=link.expires,
             name=session.name if session else "",
         )
@@ -559,12 +560,13 @@ def mount_console(
             incident = find(s, link.incident_id)
             if s.link_used(link.nonce):
                 raise Refusal(410, "link_used")
+            approve = link.action == "approve"
             try:
                 return s.approve(
                     incident.id,
-                    by=f"{name} (approve link)",
-                    approve=True,
-                    comment="approved through a signed link",
+                    by=f"{name} ({link.action} link)",
+                    approve=approve,
+                    comment=f"{'approved' if approve else 'rejected'} through a signed link",
                     link_nonce=link.nonce,
                 )
             except LinkUsedError as e:
@@ -579,7 +581,7 @@ def mount_console(
             request,
             "message.html.j2",
             title=LABELS[lang]["approval"],
-            message=LABELS[lang]["link_done"],
+            message=LABELS[lang]["link_done" if link.action == "approve" else "link_done_reject"],
             ok=True,
             incident_url=f"{PREFIX}/incidents/{incident.id}",
         )
