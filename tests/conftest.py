@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -40,39 +40,54 @@ def fast_engine(shipped_ruleset: RuleSet) -> Engine:
     return Engine(shipped_ruleset.rules, fast=True)
 
 
+# -- pytest-xdist ------------------------------------------------------------------------------------
+# `make test` spreads the suite over one worker per core (`-n auto --dist loadscope`) with this suite's
+# own scopes: tests that share a server run on one worker, so the server starts once there.
+#  - tests/realplane: the session's real control plane (tests/realplane/conftest.py) is one scope,
+#    except the modules that start control planes of their own, whose tests go anywhere;
+#  - any other module is one scope (its module-scoped fixtures: the Kafka and tansu brokers,
+#    Prometheus, a benchmark's figures, start once), except the modules in SPREAD: independent slow
+#    tests with nothing expensive shared, each its own scope.
+# Scopes go out in collection order (`--no-loadscope-reorder`), which starts the control plane early.
+REALPLANE = "tests/realplane/"
+OWN_PLANE = {"tests/realplane/test_bench.py", "tests/realplane/test_demo_real.py"}
+SPREAD = {
+    "tests/test_cache.py",
+    "tests/test_correlator.py",
+    "tests/test_demo.py",
+    "tests/test_diagnose_scene.py",
+    "tests/test_live_cli.py",
+    "tests/test_remediation_e2e.py",
+    "tests/test_run_roles.py",
+}
+
+
+def xdist_scope(nodeid: str) -> str:
+    """The scope of a test for pytest-xdist's `loadscope` distribution (see above)."""
+    module = nodeid.split("::", 1)[0]
+    if module in OWN_PLANE or module in SPREAD:
+        return nodeid
+    if module.startswith(REALPLANE):
+        return REALPLANE
+    return module
+
+
+try:
+    from xdist.scheduler import LoadScopeScheduling
+except ImportError:  # pragma: no cover - pytest-xdist is in the `test` extra; without it the suite runs in one process
+    pass
+else:
+
+    class SuiteScopeScheduling(LoadScopeScheduling):  # type: ignore[misc]  # pytest-xdist ships no type hints
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_scope(nodeid)
+
+    def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> LoadScopeScheduling | None:
+        if config.getvalue("dist") != "loadscope":
+            return None
+        return SuiteScopeScheduling(config, log)
+
+
 # looptime leaves a stray event loop behind in synchronous tests; close it around every test so an
 # unclosed-loop ResourceWarning never fails an unrelated later test (see tests/servers/loops.py).
 from servers.loops import no_stray_event_loop  # noqa: E402, F401
-
-
-# `make test` runs the suite on several pytest-xdist workers (`-n auto --dist loadgroup`). A test that
-# shares an expensive server with others stays with them on one worker, so the server starts once:
-# the real control plane (one per session, tests/realplane/conftest.py) for the whole realplane
-# directory, and a module's own module-scoped fixtures (the Kafka and tansu brokers, Prometheus, a
-# benchmark's figures) for that module. Every other test goes to whichever worker is free.
-HERE = Path(__file__).resolve().parent
-REALPLANE = HERE / "realplane"
-# The brokers there are module-scoped but reached through `request.getfixturevalue` (tests/bus/conftest.py).
-BUS = HERE / "bus"
-
-
-def xdist_group(item: pytest.Item) -> str | None:
-    path = Path(str(item.path))
-    if REALPLANE in path.parents:
-        return "realplane"
-    if BUS in path.parents:
-        return path.relative_to(HERE).as_posix()
-    info = getattr(item, "_fixtureinfo", None)
-    if info is None:
-        return None
-    for defs in info.name2fixturedefs.values():
-        if any(d.scope == "module" for d in defs):
-            return path.relative_to(HERE).as_posix()
-    return None
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        group = xdist_group(item)
-        if group is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
