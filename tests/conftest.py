@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+from collections import Counter
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -72,6 +74,16 @@ def xdist_scope(nodeid: str) -> str:
     return module
 
 
+def distinct_ids(ids: Sequence[str]) -> list[str]:
+    """The test ids with the second and later copies of a repeated id made distinct (`id #2`, ...)."""
+    seen: Counter[str] = Counter()
+    out = []
+    for nodeid in ids:
+        seen[nodeid] += 1
+        out.append(nodeid if seen[nodeid] == 1 else f"{nodeid} #{seen[nodeid]}")
+    return out
+
+
 try:
     from xdist.scheduler import LoadScopeScheduling
 except ImportError:  # pragma: no cover - pytest-xdist is in the `test` extra; without it the suite runs in one process
@@ -79,6 +91,13 @@ except ImportError:  # pragma: no cover - pytest-xdist is in the `test` extra; w
 else:
 
     class SuiteScopeScheduling(LoadScopeScheduling):  # type: ignore[misc]  # pytest-xdist ships no type hints
+        """loadscope with the scopes above. The scheduler keeps its books by test id, and schemathesis
+        gives every operation it fuzzes (tests/test_api_schemathesis.py) the same id: a repeated id gets
+        a `#n` suffix here, so each of those tests is sent to a worker (the worker runs them by index)."""
+
+        def add_node_collection(self, node: Any, collection: Sequence[str]) -> None:
+            super().add_node_collection(node, distinct_ids(collection))
+
         def _split_scope(self, nodeid: str) -> str:
             return xdist_scope(nodeid)
 
