@@ -43,8 +43,9 @@ def fast_engine(shipped_ruleset: RuleSet) -> Engine:
 
 
 # -- pytest-xdist ------------------------------------------------------------------------------------
-# `make test` spreads the suite over one worker per core (`-n auto --dist loadscope`) with this suite's
-# own scopes: tests that share a server run on one worker, so the server starts once there.
+# `make test` spreads the suite over pytest-xdist workers (`-n N --dist loadscope`, N: the cores and
+# one more) with this suite's own scopes: tests that share a server run on one worker, so the server
+# starts once there.
 #  - tests/realplane: the session's real control plane (tests/realplane/conftest.py) is one scope,
 #    except the modules that start control planes of their own, whose tests go anywhere;
 #  - any other module is one scope (its module-scoped fixtures: the Kafka and tansu brokers,
