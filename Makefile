@@ -111,9 +111,16 @@ types: venv
 
 check: lint types
 
+# The suite runs on pytest-xdist workers, one more than the cores: about a quarter of its time is spent
+# waiting on real servers, which the extra worker fills (PYTEST_WORKERS=0 runs it in one process).
+# Tests that share a server (the real control plane, a module's brokers) stay on one worker
+# (tests/conftest.py: pytest_xdist_make_scheduler). PYTEST_ARGS adds options (e.g. --durations=30).
+PYTEST_WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
+PYTEST_ARGS    ?=
+
 test: check servers browser kafka cluster helm
 	$(VENV)/bin/trainmedic rules test
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadscope --no-loadscope-reorder $(PYTEST_ARGS)
 
 # The whole loop on an emulated cluster (kmock): Xid 79, CUDA OOM, HCCL init failure, a hang, a lost
 # node and an application error, each detected, its scene saved, healed or notified, and reported.
