@@ -75,21 +75,21 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from agent.authlimit import AuthFailures, client_address
-from agent.config import ApiSettings, secret_setting
-from agent.jobindex import JobIndex
-from agent.store import Incident, IncidentStatus, IncidentStore, StoreError
-from agent.telemetry import Telemetry
-from agent.watchers.metrics import device_of, node_of
-from detectors.diagnose import attribute, correlate_placed, make_engine
-from detectors.engine import Engine
-from detectors.layout import Layout
-from detectors.metric_rules import RULES_BY_METRIC, Kind
+from trainmedic.agent.authlimit import AuthFailures, client_address
+from trainmedic.agent.config import ApiSettings, secret_setting
+from trainmedic.agent.jobindex import JobIndex
+from trainmedic.agent.store import Incident, IncidentStatus, IncidentStore, StoreError
+from trainmedic.agent.telemetry import Telemetry
+from trainmedic.agent.watchers.metrics import device_of, node_of
+from trainmedic.detectors.diagnose import attribute, correlate_placed, make_engine
+from trainmedic.detectors.engine import Engine
+from trainmedic.detectors.layout import Layout
+from trainmedic.detectors.metric_rules import RULES_BY_METRIC, Kind
 from trainmedic.errors import InputError, RuleLoadError, TrainmedicError
 from trainmedic.events import Event, K8sEvent, MetricBatch, MetricSample, Topic, event_key
 from trainmedic.models import Chip, Diagnosis, Finding
-from udal import METRIC_VOCABULARY
-from udal.registry import is_chip, plugin_of_exporter_labels
+from trainmedic.udal import METRIC_VOCABULARY
+from trainmedic.udal.registry import is_chip, plugin_of_exporter_labels
 
 log = logging.getLogger("trainmedic.api")
 
@@ -903,7 +903,7 @@ class _State:
 def _served(incident: Incident) -> dict[str, Any]:
     """An incident as the API serves it: action parameters pass the scene's redaction once more (a
     journal written before bodies were kept apart may still hold a workload's env values)."""
-    from remediations.scene import redact_object
+    from trainmedic.remediations.scene import redact_object
 
     out = incident.as_dict()
     out["actions"] = [dict(a, params=redact_object(a.get("params") or {})) for a in out.get("actions") or []]
@@ -1266,7 +1266,7 @@ def create_app(
         )
 
     if settings.console:
-        from agent.console import mount_console
+        from trainmedic.agent.console import mount_console
 
         mount_console(
             app,

@@ -53,21 +53,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
-from agent.bus.base import Bus, OffsetTracker, Record, TopicPartition
-from agent.bus.dlq import decode_record, set_aside
-from agent.telemetry import Telemetry
-from agent.watchers.k8s import (
+from trainmedic.agent.bus.base import Bus, OffsetTracker, Record, TopicPartition
+from trainmedic.agent.bus.dlq import decode_record, set_aside
+from trainmedic.agent.telemetry import Telemetry
+from trainmedic.agent.watchers.k8s import (
     k8s_event_line,
     node_status_lines,
     node_unhealthy,
     pod_status_entries,
     workload_status_lines,
 )
-from detectors.correlator import correlate
-from detectors.engine import Engine
-from detectors.hang import HangDetector
-from detectors.loader import load_rules
-from detectors.metric_rules import MetricRules
+from trainmedic.detectors.correlator import correlate
+from trainmedic.detectors.engine import Engine
+from trainmedic.detectors.hang import HangDetector
+from trainmedic.detectors.loader import load_rules
+from trainmedic.detectors.metric_rules import MetricRules
 from trainmedic.events import (
     INPUT_TOPICS,
     DiagnosisEvent,
@@ -784,7 +784,7 @@ def _job_from_key(key: str) -> JobRef | None:
 
 def warm_catalogs() -> None:
     """Load every chip plugin's fault catalog (a broken one is logged; lookups then say why)."""
-    from udal.registry import load_plugins
+    from trainmedic.udal.registry import load_plugins
 
     for name, plugin in load_plugins().items():
         try:

@@ -35,9 +35,9 @@ from trainmedic import __version__
 from trainmedic.errors import InputError, RuleLoadError
 
 if TYPE_CHECKING:
-    from agent.config import Role, Settings
-    from agent.live import JobScene
-    from detectors.engine import Engine
+    from trainmedic.agent.config import Role, Settings
+    from trainmedic.agent.live import JobScene
+    from trainmedic.detectors.engine import Engine
     from trainmedic.models import Diagnosis
 
 EXIT_OK = 0
@@ -280,7 +280,7 @@ def _diagnose(args: argparse.Namespace) -> int:
     # Only what the chosen input and format need: a fresh `diagnose` starts in a fraction of a second.
     # The engine uses numpy for offsets, never linear algebra: no OpenBLAS thread pool to start.
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-    from detectors.diagnose import diagnose_paths, make_engine
+    from trainmedic.detectors.diagnose import diagnose_paths, make_engine
 
     fast = {"auto": None, "fast": True, "re": False}[args.engine]
     try:
@@ -301,7 +301,7 @@ def _diagnose(args: argparse.Namespace) -> int:
         print("trainmedic: --save DIR goes with --job (a live read to keep)", file=sys.stderr)
         return EXIT_UNUSABLE
     if args.job is not None:
-        from agent.live import LiveError
+        from trainmedic.agent.live import LiveError
 
         try:
             diagnosis = _diagnose_job(args, engine)
@@ -311,7 +311,7 @@ def _diagnose(args: argparse.Namespace) -> int:
         return _print_diagnosis(diagnosis, args)
     unusable: tuple[type[Exception], ...] = (InputError,)
     if args.scene is not None:
-        from remediations.scene import SceneError
+        from trainmedic.remediations.scene import SceneError
 
         unusable = (InputError, SceneError)
     try:
@@ -327,7 +327,7 @@ def _print_diagnosis(diagnosis: Diagnosis, args: argparse.Namespace) -> int:
         json.dump(diagnosis.contract_dict(args.lang), sys.stdout, ensure_ascii=False)
         sys.stdout.write("\n")
     else:
-        from reports.render import render
+        from trainmedic.reports.render import render
 
         sys.stdout.write(terminal_safe(render(diagnosis, args.format, args.lang)))
     sys.stdout.flush()
@@ -349,11 +349,11 @@ def _diagnose_scene(scene_dir: Path, engine: Engine) -> Diagnosis:
     attributed it live: kernel lines to their node, core/v1 events, node, workload and pod statuses
     rendered as the canonical lines the rules match, container logs to their pod, namespace, node
     and rank (agent.jobinputs, which `diagnose --job` shares)."""
-    from agent.jobindex import rank_of
-    from agent.jobinputs import job_inputs
-    from detectors.diagnose import LogInput, diagnose_inputs
-    from remediations.scene import load_scene
+    from trainmedic.agent.jobindex import rank_of
+    from trainmedic.agent.jobinputs import job_inputs
+    from trainmedic.detectors.diagnose import LogInput, diagnose_inputs
     from trainmedic.models import Source
+    from trainmedic.remediations.scene import load_scene
 
     scene = load_scene(scene_dir, verify=True)
     pods = {str((p.get("metadata") or {}).get("name")): p for p in scene.pods()}
@@ -424,7 +424,7 @@ def _diagnose_job(args: argparse.Namespace, engine: Engine) -> Diagnosis:
     """`diagnose --job`: read the job from the cluster (read only), classify as `--scene` does."""
     import asyncio
 
-    from agent.live import Reader, parse_job, with_ops
+    from trainmedic.agent.live import Reader, parse_job, with_ops
 
     namespace, name = parse_job(args.job, _live_namespace(args))
     if args.save is not None:
@@ -454,9 +454,9 @@ def _diagnose_job(args: argparse.Namespace, engine: Engine) -> Diagnosis:
 
 def _check_save_dir(directory: Path) -> None:
     """`--save DIR` must be new or an empty directory with a usable name: said before the cluster is read."""
-    from agent.live import LiveError
-    from remediations.scene import valid_bundle_name
+    from trainmedic.agent.live import LiveError
     from trainmedic.models import I18nText
+    from trainmedic.remediations.scene import valid_bundle_name
 
     if not valid_bundle_name(directory.absolute().name):
         raise LiveError(
@@ -479,9 +479,9 @@ def _save_live_scene(scene: JobScene, diagnosis: Diagnosis, directory: Path, lan
     import asyncio
     import time
 
-    from agent.live import LiveError
-    from remediations.scene import SceneError
+    from trainmedic.agent.live import LiveError
     from trainmedic.models import I18nText
+    from trainmedic.remediations.scene import SceneError
 
     try:
         # The read is done: the bundle is written outside the read's deadline.
@@ -509,8 +509,8 @@ def _scan(args: argparse.Namespace) -> int:
     import asyncio
 
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-    from agent.live import LiveError, Reader, scan, with_ops
-    from detectors.diagnose import make_engine
+    from trainmedic.agent.live import LiveError, Reader, scan, with_ops
+    from trainmedic.detectors.diagnose import make_engine
 
     try:
         engine = make_engine(args.rules, unwrap=False)
@@ -553,7 +553,7 @@ def _scan(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from agent.config import ConfigError, Role, check_role, load_settings
+    from trainmedic.agent.config import ConfigError, Role, check_role, load_settings
 
     role = Role(args.role)
     try:
@@ -568,7 +568,7 @@ def _run(args: argparse.Namespace) -> int:
             print(f"trainmedic: config: {p}", file=sys.stderr)
         return EXIT_UNUSABLE
     if args.check:
-        from agent.configcheck import data_file_problems, refusal_lines
+        from trainmedic.agent.configcheck import data_file_problems, refusal_lines
 
         refused = data_file_problems(settings, role)
         if refused:
@@ -576,14 +576,14 @@ def _run(args: argparse.Namespace) -> int:
                 print(terminal_safe(line), file=sys.stderr)
             return EXIT_PROBLEMS
         return _run_check(settings, role)
-    from agent import run
+    from trainmedic.agent import run
 
     return run.main(settings, role)
 
 
 def _run_check(settings: Settings, role: Role) -> int:
     """`run --check`: the settings are valid; what will be on and off, and whether that is enough."""
-    from agent.health import preflight
+    from trainmedic.agent.health import preflight
 
     checks = preflight(settings, role)
     print(f"trainmedic {__version__}, role {role.value}, bus {settings.bus.kind}")
@@ -603,7 +603,7 @@ def _run_check(settings: Settings, role: Role) -> int:
 
 
 def _rules(args: argparse.Namespace) -> int:
-    from detectors.loader import load_rules
+    from trainmedic.detectors.loader import load_rules
 
     cmd = args.rules_command
     try:
@@ -636,7 +636,7 @@ if __name__ == "__main__":
 
 
 def _settings_or_exit(config: Path | None) -> Any:
-    from agent.config import ConfigError, load_settings
+    from trainmedic.agent.config import ConfigError, load_settings
 
     try:
         return load_settings(config)
@@ -656,7 +656,7 @@ def _store_path(args: argparse.Namespace) -> str | None:
 
 def _incidents(args: argparse.Namespace) -> int:
     """`trainmedic incidents [ID]` and `trainmedic approve ID [--reject]` over the incident store."""
-    from agent.store import IncidentStore, StoreError
+    from trainmedic.agent.store import IncidentStore, StoreError
 
     path = _store_path(args)
     if path is None:
@@ -700,9 +700,9 @@ def _report(args: argparse.Namespace) -> int:
     """`trainmedic report ID`: the incident's report from the store and its scene bundle."""
     import sqlite3
 
-    from agent.reporting import render_incident, write_text_atomic
-    from agent.store import IncidentStore, StoreError
-    from reports.report import ReportError
+    from trainmedic.agent.reporting import render_incident, write_text_atomic
+    from trainmedic.agent.store import IncidentStore, StoreError
+    from trainmedic.reports.report import ReportError
 
     path = _store_path(args)
     if path is None:
@@ -764,8 +764,8 @@ def _release_node(args: argparse.Namespace) -> int:
     """`trainmedic release-node NODE`: undo exactly what quarantine_node did."""
     import asyncio
 
-    from agent.run import SourceUnavailableError, _kube_api_client
-    from remediations.kube import KubeError, KubeOps
+    from trainmedic.agent.run import SourceUnavailableError, _kube_api_client
+    from trainmedic.remediations.kube import KubeError, KubeOps
 
     settings = _settings_or_exit(args.config)
     if args.kubeconfig:
@@ -796,7 +796,7 @@ def _release_node(args: argparse.Namespace) -> int:
 
 def _demo(args: argparse.Namespace) -> int:
     """`trainmedic demo`: faults injected into an emulated cluster, detected and healed by the agent."""
-    from agent.demo.runner import main as demo_main
+    from trainmedic.agent.demo.runner import main as demo_main
 
     return demo_main(
         args.fault,
@@ -810,20 +810,20 @@ def _demo(args: argparse.Namespace) -> int:
 
 def _config(args: argparse.Namespace) -> int:
     if args.config_command == "reference":
-        from agent.configref import reference_markdown
+        from trainmedic.agent.configref import reference_markdown
 
         sys.stdout.write(reference_markdown())
         return EXIT_OK
     import yaml
 
-    from agent.config import ConfigError, load_settings
+    from trainmedic.agent.config import ConfigError, load_settings
 
     try:
         settings = load_settings(args.config)
     except ConfigError as e:
         print(f"trainmedic: {e}", file=sys.stderr)
         return EXIT_UNUSABLE
-    from agent.urlsafe import redact_config
+    from trainmedic.agent.urlsafe import redact_config
 
     # mode="json" turns SecretStr into "**********", and URLs lose their credentials (user info, query
     # tokens, hook paths): secrets never reach the terminal.

@@ -28,8 +28,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 
-from detectors.hang_state import HangSettings
 from trainmedic.datafile import load_yaml
+from trainmedic.detectors.hang_state import HangSettings
 from trainmedic.errors import TrainmedicError
 
 ENV_PREFIX = "TRAINMEDIC_"

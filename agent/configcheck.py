@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agent.config import Role, Settings
+from trainmedic.agent.config import Role, Settings
 from trainmedic.errors import Problem, RuleLoadError
 
 __all__ = ["REFUSED", "data_file_problems", "refusal_lines"]
@@ -31,7 +31,7 @@ BRAIN_ROLES = frozenset({Role.BRAIN, Role.ALL})
 
 
 def _rules(settings: Settings) -> list[Problem]:
-    from detectors.loader import load_rules
+    from trainmedic.detectors.loader import load_rules
 
     try:
         load_rules([Path(d) for d in settings.detect.rule_dirs])
@@ -41,7 +41,7 @@ def _rules(settings: Settings) -> list[Problem]:
 
 
 def _markers() -> list[Problem]:
-    from detectors.hang_markers import load_markers
+    from trainmedic.detectors.hang_markers import load_markers
 
     try:
         load_markers()
@@ -51,7 +51,7 @@ def _markers() -> list[Problem]:
 
 
 def _phases() -> list[Problem]:
-    from detectors.phase import PhaseError, load_phase_markers
+    from trainmedic.detectors.phase import PhaseError, load_phase_markers
 
     try:
         load_phase_markers()
@@ -61,7 +61,7 @@ def _phases() -> list[Problem]:
 
 
 def _metric_rules() -> list[Problem]:
-    from detectors import metric_rules
+    from trainmedic.detectors import metric_rules
 
     try:
         metric_rules.MetricRules()
@@ -71,7 +71,7 @@ def _metric_rules() -> list[Problem]:
 
 
 def _policy(settings: Settings) -> list[Problem]:
-    from remediations.policy import PolicyError, load_policy
+    from trainmedic.remediations.policy import PolicyError, load_policy
 
     try:
         load_policy(settings.remediate.policy)
@@ -81,7 +81,7 @@ def _policy(settings: Settings) -> list[Problem]:
 
 
 def _sinks(settings: Settings) -> list[Problem]:
-    from agent.notify import NotifyError, resolve_secret
+    from trainmedic.agent.notify import NotifyError, resolve_secret
 
     out = []
     for i, sink in enumerate(settings.notify.sinks):
@@ -93,8 +93,8 @@ def _sinks(settings: Settings) -> list[Problem]:
 
 
 def _catalogs() -> list[Problem]:
-    from udal.base import CatalogError
-    from udal.registry import PluginError, discover
+    from trainmedic.udal.base import CatalogError
+    from trainmedic.udal.registry import PluginError, discover
 
     try:
         plugins = discover()

@@ -28,7 +28,7 @@ from pydantic.dataclasses import is_pydantic_dataclass
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from agent.config import ENV_PREFIX, Settings
+from trainmedic.agent.config import ENV_PREFIX, Settings
 
 __all__ = ["FieldDoc", "GroupDoc", "field_docs", "groups", "missing_descriptions", "reference_markdown"]
 

@@ -24,10 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from agent.config import Role, Settings
+from trainmedic.agent.config import Role, Settings
 
 if TYPE_CHECKING:
-    from agent.run import Agent
+    from trainmedic.agent.run import Agent
 
 # Components that watch something (an agent with none of these sees nothing).
 SOURCES = frozenset({"kubernetes", "pod-logs", "container-logs", "kernel", "nvml", "prometheus"})
@@ -199,7 +199,7 @@ def preflight(
 ) -> list[Check]:
     """Every check of `run --check` for `role`. `agent` (built without starting) and `api_client`
     (the Kubernetes client; default: from the settings, as the agent makes it) may be given."""
-    from agent.run import SourceUnavailableError, _kube_api_client, build_agent
+    from trainmedic.agent.run import SourceUnavailableError, _kube_api_client, build_agent
 
     if agent is None:
         agent = build_agent(settings, role, api_client=api_client)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from agent.watchers.k8s import (
+from trainmedic.agent.watchers.k8s import (
     PYTORCH_JOBS,
     RESOURCES,
     k8s_event,
@@ -23,10 +23,10 @@ from agent.watchers.k8s import (
     workload_status,
     workload_status_lines,
 )
-from detectors.diagnose import LogInput
-from remediations.scene import SceneSettings, event_order
+from trainmedic.detectors.diagnose import LogInput
 from trainmedic.events import WorkloadStatus
 from trainmedic.models import Source
+from trainmedic.remediations.scene import SceneSettings, event_order
 
 # (pod, container, previous) of a container log.
 LogKey = tuple[str, str, bool]

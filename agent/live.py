@@ -32,16 +32,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from agent.jobindex import rank_of
-from agent.jobinputs import LogKey, job_inputs, workload_phase
-from agent.watchers.k8s import (
+from trainmedic.agent.jobindex import rank_of
+from trainmedic.agent.jobinputs import LogKey, job_inputs, workload_phase
+from trainmedic.agent.watchers.k8s import (
     DaemonThreadExecutor,
     is_accelerator_resource,
     node_status,
 )
-from detectors.diagnose import LogInput, diagnose_inputs
-from detectors.engine import Engine
-from remediations.kube import (
+from trainmedic.detectors.diagnose import LogInput, diagnose_inputs
+from trainmedic.detectors.engine import Engine
+from trainmedic.errors import TrainmedicError
+from trainmedic.events import DiagnosisEvent, JobRef, WorkloadStatus
+from trainmedic.models import Diagnosis, I18nText, Source
+from trainmedic.remediations.kube import (
     ANN_QUARANTINE_REASON,
     JOBS,
     MPI_JOBS,
@@ -58,7 +61,7 @@ from remediations.kube import (
     _Res,
     _What,
 )
-from remediations.scene import (
+from trainmedic.remediations.scene import (
     SceneError,
     SceneInputs,
     SceneResult,
@@ -70,11 +73,8 @@ from remediations.scene import (
     redact_object,
     save_scene,
 )
-from remediations.stacks import ExecResult
-from remediations.workloads import job_pod_selector
-from trainmedic.errors import TrainmedicError
-from trainmedic.events import DiagnosisEvent, JobRef, WorkloadStatus
-from trainmedic.models import Diagnosis, I18nText, Source
+from trainmedic.remediations.stacks import ExecResult
+from trainmedic.remediations.workloads import job_pod_selector
 
 T = TypeVar("T")
 JSON = dict[str, Any]

@@ -26,7 +26,7 @@ import time
 import traceback
 from collections import deque
 
-from agent.telemetry import Telemetry
+from trainmedic.agent.telemetry import Telemetry
 
 log = logging.getLogger("trainmedic.looplag")
 

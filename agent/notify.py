@@ -52,17 +52,17 @@ from typing import Any, ClassVar, Literal
 
 import httpx
 
-from agent.config import ApiSettings, NotifySettings, SinkSettings
-from agent.outbox import Outbox, OutboxError, OutboxItem
-from agent.store import IncidentStore, StoreError
-from agent.telemetry import Telemetry
-from agent.urlsafe import install_log_filters
-from reports import payloads
-from reports.notice import Notice, NoticeError
+from trainmedic.agent.config import ApiSettings, NotifySettings, SinkSettings
+from trainmedic.agent.outbox import Outbox, OutboxError, OutboxItem
+from trainmedic.agent.store import IncidentStore, StoreError
+from trainmedic.agent.telemetry import Telemetry
+from trainmedic.agent.urlsafe import install_log_filters
 from trainmedic.backoff import backoff_delay as shared_backoff_delay
 from trainmedic.backoff import parse_retry_after
 from trainmedic.errors import PermanentError, TemporaryError
 from trainmedic.events import Event, IncidentEvent
+from trainmedic.reports import payloads
+from trainmedic.reports.notice import Notice, NoticeError
 
 log = logging.getLogger("trainmedic.notify")
 # Webhook URLs carry credentials: no log record of httpx, httpcore or this module shows them.
@@ -816,8 +816,8 @@ def build_notifier(
 
     links = None
     if api is not None:
-        from agent.api import resolve_token
-        from agent.console.security import message_links
+        from trainmedic.agent.api import resolve_token
+        from trainmedic.agent.console.security import message_links
 
         links = message_links(api, token=resolve_token(api, env), env=env)
     outbox = Outbox(store_path, clock=clock)

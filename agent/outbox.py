@@ -31,8 +31,8 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from reports.notice import Notice, NoticeError
 from trainmedic.errors import FatalError
+from trainmedic.reports.notice import Notice, NoticeError
 from trainmedic.sqlitedb import immediate, migrate, open_durable
 
 # Delivered and dead rows are kept this long (late duplicates of a notice are still dropped).

@@ -27,12 +27,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from agent.store import Incident, IncidentStore
-from remediations.scene import MANIFEST, SceneError, load_scene
-from reports.report import FORMATS, LANGS, ReportError, i18n, labels, render_report
+from trainmedic.agent.store import Incident, IncidentStore
+from trainmedic.remediations.scene import MANIFEST, SceneError, load_scene
+from trainmedic.reports.report import FORMATS, LANGS, ReportError, i18n, labels, render_report
 from trainmedic.timefmt import parse_rfc3339
+from trainmedic.udal import CatalogError, PluginError, get_plugin, lookup
 from trainmedic.vendortext import elide, fill
-from udal import CatalogError, PluginError, get_plugin, lookup
 
 __all__ = [
     "CONTEXT_LINES",

@@ -57,16 +57,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
-from agent.bus.base import Bus, OffsetTracker, Record, TopicPartition
-from agent.bus.dlq import decode_record
-from agent.store import TERMINAL, ActionRecord, ActionState, Incident, IncidentStatus, IncidentStore
-from agent.telemetry import Telemetry
-from remediations import checkpoints as ckpt
-from remediations import workloads as wl
-from remediations.actions import ACTIONS, ActionCall, Entry
-from remediations.actions.quarantine_node import pool_nodes
-from remediations.actions.restart_from_checkpoint import identity, lineage_restarts
-from remediations.errors import (
+from trainmedic.agent.bus.base import Bus, OffsetTracker, Record, TopicPartition
+from trainmedic.agent.bus.dlq import decode_record
+from trainmedic.agent.store import TERMINAL, ActionRecord, ActionState, Incident, IncidentStatus, IncidentStore
+from trainmedic.agent.telemetry import Telemetry
+from trainmedic.events import DiagnosisEvent, IncidentEvent, JobRef, Topic, make_event
+from trainmedic.models import FaultClass, I18nText, RootCause
+from trainmedic.ratelog import RateLimitedLog
+from trainmedic.remediations import checkpoints as ckpt
+from trainmedic.remediations import workloads as wl
+from trainmedic.remediations.actions import ACTIONS, ActionCall, Entry
+from trainmedic.remediations.actions.quarantine_node import pool_nodes
+from trainmedic.remediations.actions.restart_from_checkpoint import identity, lineage_restarts
+from trainmedic.remediations.errors import (
     ActionBlocked,
     FatalActionError,
     PermanentActionError,
@@ -74,18 +77,15 @@ from remediations.errors import (
     TemporaryActionError,
     classify,
 )
-from remediations.kube import KubeError, KubeOps, PermanentKubeError, problem_condition
-from remediations.policy import RESERVATION_HOLD_S, ActionName, Mode, Plan, Policy, PolicyContext
-from remediations.policy_state import PolicyState
-from remediations.scene import SceneInputs, SceneSettings, save_scene, warm_redactor
-from remediations.stacks import ExecResult, StackSource, exec_in_pod
-from trainmedic.events import DiagnosisEvent, IncidentEvent, JobRef, Topic, make_event
-from trainmedic.models import FaultClass, I18nText, RootCause
-from trainmedic.ratelog import RateLimitedLog
+from trainmedic.remediations.kube import KubeError, KubeOps, PermanentKubeError, problem_condition
+from trainmedic.remediations.policy import RESERVATION_HOLD_S, ActionName, Mode, Plan, Policy, PolicyContext
+from trainmedic.remediations.policy_state import PolicyState
+from trainmedic.remediations.scene import SceneInputs, SceneSettings, save_scene, warm_redactor
+from trainmedic.remediations.stacks import ExecResult, StackSource, exec_in_pod
 from trainmedic.timefmt import parse_rfc3339
 
 if TYPE_CHECKING:
-    from agent.notify import Notifier
+    from trainmedic.agent.notify import Notifier
 
 log = logging.getLogger("trainmedic.responder")
 P = ParamSpec("P")
@@ -1092,7 +1092,7 @@ class Responder:
 
     async def _write_reports(self, incident_id: str) -> None:
         """The incident's reports (both languages, Markdown and HTML) beside its scene; a failure is logged."""
-        from agent.reporting import write_reports
+        from trainmedic.agent.reporting import write_reports
 
         try:
             paths = await asyncio.to_thread(write_reports, self.store, incident_id)

@@ -30,18 +30,18 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agent.brain import Brain, BrainSettings
-from agent.bus.base import Bus
-from agent.bus.memory import MemoryBus
-from agent.config import Role, Settings
-from agent.health import readiness
-from agent.jobindex import JobIndex
-from agent.looplag import LoopLagMonitor
-from agent.telemetry import Telemetry
+from trainmedic.agent.brain import Brain, BrainSettings
+from trainmedic.agent.bus.base import Bus
+from trainmedic.agent.bus.memory import MemoryBus
+from trainmedic.agent.config import Role, Settings
+from trainmedic.agent.health import readiness
+from trainmedic.agent.jobindex import JobIndex
+from trainmedic.agent.looplag import LoopLagMonitor
+from trainmedic.agent.telemetry import Telemetry
 from trainmedic.backoff import Backoff
 
 if TYPE_CHECKING:
-    from agent.responder import ResponderSettings
+    from trainmedic.agent.responder import ResponderSettings
 
 log = logging.getLogger("trainmedic.run")
 
@@ -81,7 +81,7 @@ def make_bus(settings: Settings, telemetry: Telemetry) -> Bus:
             # In one process a crash takes the bus with it: nothing read is held for a replay.
             replays=False,
         )
-    from agent.bus.kafka import KafkaBus
+    from trainmedic.agent.bus.kafka import KafkaBus
 
     b = settings.bus
     return KafkaBus(
@@ -148,7 +148,7 @@ def build_agent(
     if node_sources:
         _add_node_sources(agent, producer)
     if cluster_sources and settings.metrics.prometheus_url:
-        from agent.watchers.metrics import PrometheusSource
+        from trainmedic.agent.watchers.metrics import PrometheusSource
 
         prom = PrometheusSource(
             settings.metrics.prometheus_url,
@@ -163,7 +163,7 @@ def build_agent(
         agent.disabled["prometheus"] = "metrics.prometheus_url is not set"
 
     if role in (Role.BRAIN, Role.ALL):
-        from detectors.hang import HangDetector
+        from trainmedic.detectors.hang import HangDetector
 
         d = settings.detect
         agent.brain = Brain(
@@ -203,8 +203,8 @@ def build_agent(
 def responder_settings(settings: Settings) -> ResponderSettings:
     """The responder's settings from the `remediate` group: every field the two share by name, the
     ones that need a type of their own converted, the consumer group derived from the bus's."""
-    from agent.responder import ResponderSettings
-    from remediations.policy import Mode
+    from trainmedic.agent.responder import ResponderSettings
+    from trainmedic.remediations.policy import Mode
 
     r = settings.remediate
     shared = {f.name for f in fields(ResponderSettings)} & set(type(r).model_fields)
@@ -221,11 +221,11 @@ def responder_settings(settings: Settings) -> ResponderSettings:
 
 def _add_responder(agent: Agent, api_client: Any, producer: str, clock: Callable[[], float]) -> None:
     """The responder: scene, policy, actions. Off (with the reason logged) when its parts cannot start."""
-    from agent.responder import Responder
-    from agent.store import IncidentStore, StoreError
-    from remediations.kube import KubeOps
-    from remediations.policy import PolicyError, load_policy
-    from remediations.policy_state import PolicyStateError, SqlitePolicyState
+    from trainmedic.agent.responder import Responder
+    from trainmedic.agent.store import IncidentStore, StoreError
+    from trainmedic.remediations.kube import KubeOps
+    from trainmedic.remediations.policy import PolicyError, load_policy
+    from trainmedic.remediations.policy_state import PolicyStateError, SqlitePolicyState
 
     r = agent.settings.remediate
     try:
@@ -247,7 +247,7 @@ def _add_responder(agent: Agent, api_client: Any, producer: str, clock: Callable
         return
     metrics_range = None
     if agent.settings.metrics.prometheus_url:
-        from agent.watchers.metrics import PrometheusSource
+        from trainmedic.agent.watchers.metrics import PrometheusSource
 
         prom = PrometheusSource(
             agent.settings.metrics.prometheus_url,
@@ -281,8 +281,8 @@ def _add_responder(agent: Agent, api_client: Any, producer: str, clock: Callable
 def _add_notifier(agent: Agent, store: Any, clock: Callable[[], float]) -> Any:
     """Incident notifications (agent/notify.py), their outbox in the incident store's file; None when
     no sink is configured or it cannot be built (the reason is logged; remediation goes on)."""
-    from agent.notify import NotifyError, build_notifier
-    from agent.outbox import OutboxError
+    from trainmedic.agent.notify import NotifyError, build_notifier
+    from trainmedic.agent.outbox import OutboxError
 
     s = agent.settings
     try:
@@ -318,8 +318,8 @@ def _add_api(agent: Agent, producer: str) -> None:
     """The HTTP API (agent/api.py): the responder's incident store (or the store file, when one exists),
     alerts from Alertmanager onto the bus, readiness from the agent's state. It serves until `stop`;
     a port it cannot listen on leaves the rest of the agent running and says why."""
-    from agent import api
-    from agent.store import IncidentStore, StoreError
+    from trainmedic.agent import api
+    from trainmedic.agent.store import IncidentStore, StoreError
 
     s = agent.settings
     store = getattr(agent.responder, "store", None)
@@ -349,8 +349,8 @@ def _add_api(agent: Agent, producer: str) -> None:
     render = None
     if store is not None:
         try:
-            from agent.reporting import report_context
-            from reports.report import render_report
+            from trainmedic.agent.reporting import report_context
+            from trainmedic.reports.report import render_report
         except ImportError as e:
             agent.disabled["api-reports"] = f"reports are not available: {e}"
         else:
@@ -392,7 +392,7 @@ def _add_api(agent: Agent, producer: str) -> None:
 
 
 def _add_kube(agent: Agent, api: Any, producer: str, *, node_only: bool) -> None:
-    from agent.watchers.k8s import KubeWatchers
+    from trainmedic.agent.watchers.k8s import KubeWatchers
 
     k = agent.settings.kubernetes
     watchers = KubeWatchers(
@@ -410,7 +410,7 @@ def _add_kube(agent: Agent, api: Any, producer: str, *, node_only: bool) -> None
     )
     agent.components["kubernetes"] = watchers.run
     if k.follow_pod_logs and not node_only:
-        from agent.watchers.podlogs import PodLogFollower
+        from trainmedic.agent.watchers.podlogs import PodLogFollower
 
         follower = PodLogFollower(
             api, bus=agent.bus, job_index=agent.job_index, telemetry=agent.telemetry, producer=producer
@@ -423,7 +423,7 @@ def _add_node_sources(agent: Agent, producer: str) -> None:
     if s.logs.enabled:
         root = Path(s.logs.root)
         if root.is_dir():
-            from agent.watchers.crilog import CriLogTailer
+            from trainmedic.agent.watchers.crilog import CriLogTailer
 
             tailer = CriLogTailer(
                 root,
@@ -445,7 +445,7 @@ def _add_node_sources(agent: Agent, producer: str) -> None:
     if s.kernel.source == "off":
         agent.disabled["kernel"] = "kernel.source is off"
     else:
-        from agent.watchers import kernel
+        from trainmedic.agent.watchers import kernel
 
         common: dict[str, Any] = {
             "bus": agent.bus,
@@ -469,7 +469,7 @@ def _add_node_sources(agent: Agent, producer: str) -> None:
     if not s.metrics.nvml:
         agent.disabled["nvml"] = "metrics.nvml is false"
     else:
-        from agent.watchers.nvml import NvmlSource, SourceUnavailable
+        from trainmedic.agent.watchers.nvml import NvmlSource, SourceUnavailable
 
         try:
             nvml = NvmlSource(
@@ -483,8 +483,8 @@ def _add_node_sources(agent: Agent, producer: str) -> None:
 
 
 def _unavailable_errors() -> tuple[type[Exception], ...]:
-    from agent.watchers.kernel import KernelSourceUnavailable
-    from agent.watchers.nvml import SourceUnavailable
+    from trainmedic.agent.watchers.kernel import KernelSourceUnavailable
+    from trainmedic.agent.watchers.nvml import SourceUnavailable
 
     return (SourceUnavailableError, KernelSourceUnavailable, SourceUnavailable)
 
@@ -603,7 +603,7 @@ def setup_logging(settings: Settings) -> None:
 def main(settings: Settings, role: Role) -> int:
     """Blocking entry point of `trainmedic run`. A data file the role loads that cannot be used
     (agent/configcheck.py) refuses the start, as `run --check` does, with the same lines: exit 2."""
-    from agent.configcheck import data_file_problems, refusal_lines
+    from trainmedic.agent.configcheck import data_file_problems, refusal_lines
 
     refused = data_file_problems(settings, role)
     if refused:

@@ -38,7 +38,7 @@ GOAL_DIAGNOSE_COLD_S = 0.3
 
 def _command(log: Path) -> list[str]:
     script = Path(sys.executable).parent / "trainmedic"
-    head = [str(script)] if script.is_file() else [sys.executable, "-m", "agent.cli"]
+    head = [str(script)] if script.is_file() else [sys.executable, "-m", "trainmedic.agent.cli"]
     return [*head, "diagnose", "--logs", str(log), "--format", "json"]
 
 

@@ -64,7 +64,7 @@ def _diagnosis(i: int, fault: str, chip: str, node: str) -> dict[str, Any]:
 
 def seed(path: Path, n: int, *, now: float, rng: random.Random) -> list[str]:
     """`n` incidents in a new store at `path` (the store's schema, one transaction); their ids."""
-    from agent.store import IncidentStore
+    from trainmedic.agent.store import IncidentStore
 
     IncidentStore(path).close()  # the schema, as the agent creates it
     import sqlite3
@@ -150,10 +150,10 @@ def _pct(values: list[float], q: float) -> float:
 async def _measure(path: Path, ids: list[str], *, requests: int, now: float, rng: random.Random) -> dict[str, Any]:
     import httpx
 
-    from agent.api import create_app
-    from agent.config import ApiSettings
-    from agent.store import IncidentStore
-    from agent.telemetry import Telemetry
+    from trainmedic.agent.api import create_app
+    from trainmedic.agent.config import ApiSettings
+    from trainmedic.agent.store import IncidentStore
+    from trainmedic.agent.telemetry import Telemetry
 
     store = IncidentStore(path)
     app = create_app(store=store, telemetry=Telemetry(), settings=ApiSettings(token=TOKEN), env={})

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from detectors.engine import Engine
-from detectors.schema import Rule
+from trainmedic.detectors.engine import Engine
+from trainmedic.detectors.schema import Rule
 
 # The shared corpus: ../shared next to the repository root.
 DEFAULT_REAL_LOGS = Path(__file__).resolve().parent.parent.parent / "shared" / "corpus" / "real-logs.jsonl"

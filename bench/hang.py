@@ -44,7 +44,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from detectors.hang import HangDetector  # noqa: E402
+from trainmedic.detectors.hang import HangDetector  # noqa: E402
 from trainmedic.models import Finding  # noqa: E402
 
 JOB = "job:train/llama"

@@ -50,7 +50,7 @@ def load(path: Path = CORPUS) -> list[dict[str, Any]]:
 
 
 def diagnose_all(rows: Iterable[dict[str, Any]]) -> list[Outcome]:
-    from detectors.diagnose import diagnose_text, make_engine
+    from trainmedic.detectors.diagnose import diagnose_text, make_engine
 
     engine = make_engine()
     out = []

@@ -36,9 +36,9 @@ for p in (ROOT, ROOT / "tests"):
     if str(p) not in sys.path:
         sys.path.insert(0, str(p))
 
-from agent.brain import Brain, BrainSettings  # noqa: E402
-from agent.bus.kafka import KafkaBus  # noqa: E402
-from agent.telemetry import Telemetry  # noqa: E402
+from trainmedic.agent.brain import Brain, BrainSettings  # noqa: E402
+from trainmedic.agent.bus.kafka import KafkaBus  # noqa: E402
+from trainmedic.agent.telemetry import Telemetry  # noqa: E402
 from trainmedic.events import DiagnosisEvent, JobRef, LogBatch, Topic, decode, make_event  # noqa: E402
 
 BATCH = 500

@@ -202,10 +202,10 @@ async def _watch_rate(plane: Any, churn: int) -> dict[str, Any]:
     """The cluster role's watchers against `churn` pods and `churn` Events written meanwhile."""
     from realplane.conftest import TRAINING
 
-    from agent.bus.memory import MemoryBus
-    from agent.jobindex import JobIndex
-    from agent.telemetry import Telemetry
-    from agent.watchers.k8s import KubeWatchers
+    from trainmedic.agent.bus.memory import MemoryBus
+    from trainmedic.agent.jobindex import JobIndex
+    from trainmedic.agent.telemetry import Telemetry
+    from trainmedic.agent.watchers.k8s import KubeWatchers
 
     api = plane.api_client(plane.service_account_token("trainmedic", "trainmedic-cluster"))
     watchers = KubeWatchers(api, bus=MemoryBus(partitions=4), job_index=JobIndex(), telemetry=Telemetry())
@@ -395,7 +395,7 @@ def _agent_rss(plane: Any, tmp: Path, churn: int) -> dict[str, Any]:
     env = dict(os.environ, TRAINMEDIC_NODE_NAME="bench", PYTHONPATH=str(ROOT))
     log = (tmp / "agent.log").open("wb")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "agent", "run", "--config", str(config), "--role", "all"],
+        [sys.executable, "-m", "trainmedic.agent", "run", "--config", str(config), "--role", "all"],
         cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=log,
     )  # fmt: skip
     try:

@@ -61,19 +61,19 @@ for _p in (ROOT, ROOT / "tests"):
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 
-from agent.bus.memory import MemoryBus  # noqa: E402
-from agent.config import Role, Settings  # noqa: E402
-from agent.run import Agent, build_agent, run_agent  # noqa: E402
-from agent.store import IncidentStatus  # noqa: E402
-from detectors.diagnose import LogInput, diagnose_inputs, make_engine  # noqa: E402
-from detectors.engine import Engine  # noqa: E402
-from remediations import checkpoints as ckpt  # noqa: E402
-from remediations import workloads as wl  # noqa: E402
-from remediations.kube import KubeOps  # noqa: E402
-from remediations.scene import SceneInputs, SceneSettings, save_scene  # noqa: E402
-from remediations.stacks import ExecResult  # noqa: E402
+from trainmedic.agent.bus.memory import MemoryBus  # noqa: E402
+from trainmedic.agent.config import Role, Settings  # noqa: E402
+from trainmedic.agent.run import Agent, build_agent, run_agent  # noqa: E402
+from trainmedic.agent.store import IncidentStatus  # noqa: E402
+from trainmedic.detectors.diagnose import LogInput, diagnose_inputs, make_engine  # noqa: E402
+from trainmedic.detectors.engine import Engine  # noqa: E402
 from trainmedic.events import DiagnosisEvent, JobRef, Topic, make_event  # noqa: E402
 from trainmedic.models import Source  # noqa: E402
+from trainmedic.remediations import checkpoints as ckpt  # noqa: E402
+from trainmedic.remediations import workloads as wl  # noqa: E402
+from trainmedic.remediations.kube import KubeOps  # noqa: E402
+from trainmedic.remediations.scene import SceneInputs, SceneSettings, save_scene  # noqa: E402
+from trainmedic.remediations.stacks import ExecResult  # noqa: E402
 
 GOAL_DIAGNOSIS_TO_RESCHEDULE_P99_MS = 300
 GOAL_SCENE_BUNDLE_64_PODS_S = 2.0
@@ -654,8 +654,8 @@ async def measure_scene(pods: int, lines: int, repeats: int, tmp: Path) -> dict[
 def _measure_report(tmp: Path, inputs: SceneInputs, out: dict[str, Any], repeats: int = 5) -> dict[str, float]:
     """`report_context` + `render_report` of the 64-pod incident whose scene was just saved: median
     of `repeats` per format and language (ms), the first (cold: templates compiled) apart."""
-    from agent.reporting import render_incident
-    from agent.store import IncidentStore
+    from trainmedic.agent.reporting import render_incident
+    from trainmedic.agent.store import IncidentStore
 
     d = inputs.diagnosis
     rc = d.diagnosis.root_cause

@@ -85,7 +85,7 @@ async def _measure(pods_total: int) -> dict[str, Any]:
             )
             env = dict(os.environ, TRAINMEDIC_NODE_NAME="bench", PYTHONPATH=str(ROOT))
             proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "agent", "run", "--config", str(config), "--role", "all",
+                sys.executable, "-m", "trainmedic.agent", "run", "--config", str(config), "--role", "all",
                 cwd=ROOT, env=env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
             )  # fmt: skip
             messages: list[str] = []

@@ -70,9 +70,9 @@ if str(ROOT) not in sys.path:
 from bench import corpus as corpus_mod  # noqa: E402
 from bench import heldout as heldout_mod  # noqa: E402
 from bench.ere import Unconvertible, to_ere  # noqa: E402
-from detectors.engine import has_hyperscan  # noqa: E402
-from detectors.loader import load_rules  # noqa: E402
-from detectors.schema import Rule  # noqa: E402
+from trainmedic.detectors.engine import has_hyperscan  # noqa: E402
+from trainmedic.detectors.loader import load_rules  # noqa: E402
+from trainmedic.detectors.schema import Rule  # noqa: E402
 
 DEFAULT_LINES = 1_000_000
 QUICK_LINES = 100_000

@@ -72,9 +72,9 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from agent.config import Role, Settings  # noqa: E402
-from agent.run import build_agent, run_agent  # noqa: E402
-from agent.telemetry import Telemetry  # noqa: E402
+from trainmedic.agent.config import Role, Settings  # noqa: E402
+from trainmedic.agent.run import build_agent, run_agent  # noqa: E402
+from trainmedic.agent.telemetry import Telemetry  # noqa: E402
 from trainmedic.events import SCHEMA_VERSION, JobRef, PodStatus, Topic, WorkloadStatus, make_event  # noqa: E402
 
 FAULT = (
@@ -251,7 +251,7 @@ def incident_counts(db: Path) -> Counter[str]:
 
 async def soak(args: argparse.Namespace, bootstrap: str | None = None) -> dict[str, Any]:
     if args.responder and args.plane == "emulator":
-        from agent.demo.emulator import KubeEmulator
+        from trainmedic.agent.demo.emulator import KubeEmulator
 
         async with KubeEmulator() as kube:
             out = await _soak(args, bootstrap, kube.api_client())
@@ -308,7 +308,7 @@ async def _soak(args: argparse.Namespace, bootstrap: str | None, api_client: Any
     bus: dict[str, Any] = {"kind": "memory"} if bootstrap is None else {"kind": "kafka", "bootstrap": bootstrap}
     responder = api_client is not None
     with tempfile.TemporaryDirectory(prefix="tm-soak-") as tmp:
-        from agent.config import DetectSettings
+        from trainmedic.agent.config import DetectSettings
 
         # (detect.job_grace_s is newer than the agent this may measure for a baseline.)
         detect = {"job_grace_s": args.job_grace_s} if "job_grace_s" in DetectSettings.model_fields else {}
@@ -340,7 +340,7 @@ async def _soak(args: argparse.Namespace, bootstrap: str | None, api_client: Any
         assert brain is not None
         lag = getattr(agent, "lag", None)
         if lag is None:  # an agent without its own monitor (a baseline): the same measure, from here
-            from agent.looplag import LoopLagMonitor
+            from trainmedic.agent.looplag import LoopLagMonitor
 
             lag = LoopLagMonitor(Telemetry())
             agent.components["looplag"] = lambda: lag.run(agent.stop)
@@ -546,7 +546,7 @@ def ceiling(args: argparse.Namespace) -> dict[str, Any]:
     answers 404)."""
     with tempfile.TemporaryDirectory(prefix="tm-ceiling-") as tmp:
         if args.plane == "emulator":
-            from agent.demo.emulator import KubeEmulator
+            from trainmedic.agent.demo.emulator import KubeEmulator
 
             async def on_emulator() -> dict[str, Any]:
                 async with KubeEmulator() as kube:

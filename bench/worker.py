@@ -45,8 +45,8 @@ def measure(
     if cpu is not None:
         os.sched_setaffinity(0, {cpu})
     t0 = time.perf_counter()
-    from detectors.engine import CHUNK_BYTES, Engine, has_hyperscan
-    from detectors.loader import load_rules
+    from trainmedic.detectors.engine import CHUNK_BYTES, Engine, has_hyperscan
+    from trainmedic.detectors.loader import load_rules
 
     import_s = time.perf_counter() - t0
     fast = path_kind in ("fast", "raw")

@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from detectors import waitgraph
+from trainmedic.detectors import waitgraph
 from trainmedic.models import (
     SEVERITY_RANK,
     Action,
@@ -64,12 +64,12 @@ SYMPTOM_CLASSES = frozenset({FaultClass.HANG, FaultClass.COMM_ERROR, FaultClass.
 
 
 if TYPE_CHECKING:
-    import udal
+    from trainmedic import udal
 
 
 def enrich(finding: Finding) -> tuple[Finding, udal.CatalogEntry | None]:
     """The finding with the vendor's action and class applied from the chip catalog."""
-    import udal  # deferred: `diagnose` of logs without findings never loads the catalogs
+    from trainmedic import udal  # deferred: `diagnose` of logs without findings never loads the catalogs
 
     entry = udal.lookup(finding.chip, finding.code)
     if entry is None:

@@ -15,11 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from detectors.correlator import correlate
-from detectors.engine import Engine
-from detectors.hang_static import silence_findings_in
-from detectors.layout import Layout, Place, place_of, read_head
-from detectors.loader import load_rules
+from trainmedic.detectors.correlator import correlate
+from trainmedic.detectors.engine import Engine
+from trainmedic.detectors.hang_static import silence_findings_in
+from trainmedic.detectors.layout import Layout, Place, place_of, read_head
+from trainmedic.detectors.loader import load_rules
 from trainmedic.errors import InputError
 from trainmedic.models import Diagnosis, Finding, Source
 

@@ -33,12 +33,12 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from detectors.anchors import MIN_ANCHOR_LEN, Anchor, required_anchors
-from detectors.localize import localize
-from detectors.phase import MAX_LINE as MAX_MARKER_LINE
-from detectors.phase import PHASE_SENSITIVE, PhaseMarkers, load_phase_markers
-from detectors.schema import Rule
 from trainmedic import cache, hsdb
+from trainmedic.detectors.anchors import MIN_ANCHOR_LEN, Anchor, required_anchors
+from trainmedic.detectors.localize import localize
+from trainmedic.detectors.phase import MAX_LINE as MAX_MARKER_LINE
+from trainmedic.detectors.phase import PHASE_SENSITIVE, PhaseMarkers, load_phase_markers
+from trainmedic.detectors.schema import Rule
 from trainmedic.models import FaultClass, Finding, I18nText, Source
 
 _hs = hsdb.hs
@@ -268,7 +268,7 @@ class Engine:
         for f in findings:
             rule = self.rules[self._rule_index[f.rule_id]]
             if rule.catalog_class:
-                import udal  # deferred: a scan without vendor codes never loads the catalogs
+                from trainmedic import udal  # deferred: a scan without vendor codes never loads the catalogs
 
                 entry = udal.lookup(f.chip, f.code)
                 if entry is not None and entry.fault_class is not None:

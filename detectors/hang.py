@@ -108,9 +108,9 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import replace
 
-from detectors.hang_markers import ProgressMarkers, load_markers, parse_markers, shipped_markers
-from detectors.hang_matcher import _KIND_BIT, ProgressMatcher, RawHit, _compile_marker, _Compiled
-from detectors.hang_schema import (
+from trainmedic.detectors.hang_markers import ProgressMarkers, load_markers, parse_markers, shipped_markers
+from trainmedic.detectors.hang_matcher import _KIND_BIT, ProgressMatcher, RawHit, _compile_marker, _Compiled
+from trainmedic.detectors.hang_schema import (
     CODE,
     EPOCH_SCALE,
     MARKERS_FILE,
@@ -123,7 +123,7 @@ from detectors.hang_schema import (
     _position,
     _step_text,
 )
-from detectors.hang_state import (
+from trainmedic.detectors.hang_state import (
     _CHECKPOINT,
     _EPOCH,
     _EVAL,

@@ -14,16 +14,16 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from detectors.hang_matcher import ProgressMatcher
-from detectors.hang_schema import (
+from trainmedic import cache
+from trainmedic.datafile import format_error, node_line, parse_yaml, read_data_file, short_text
+from trainmedic.detectors.hang_matcher import ProgressMatcher
+from trainmedic.detectors.hang_schema import (
     MARKERS_FILE,
     MAX_MARKER_FILE_BYTES,
     Marker,
     MarkerHit,
     _MarkerFileHeader,
 )
-from trainmedic import cache
-from trainmedic.datafile import format_error, node_line, parse_yaml, read_data_file, short_text
 from trainmedic.errors import Problem, RuleLoadError
 
 

@@ -10,9 +10,10 @@ from typing import Any
 
 import numpy as np
 
-from detectors.anchors import required_anchors
-from detectors.hang_regex import _accelerate, _Fast, _trie_pattern
-from detectors.hang_schema import (
+from trainmedic import cache, hsdb
+from trainmedic.detectors.anchors import required_anchors
+from trainmedic.detectors.hang_regex import _accelerate, _Fast, _trie_pattern
+from trainmedic.detectors.hang_schema import (
     _ANSI,
     _END_KINDS,
     MAX_LINE_CHARS,
@@ -22,7 +23,6 @@ from detectors.hang_schema import (
     _int_group,
     _number,
 )
-from trainmedic import cache, hsdb
 
 _hs = hsdb.hs
 

@@ -24,7 +24,7 @@ from re._constants import (  # type: ignore[import-not-found]
 )
 from typing import Any
 
-from detectors.hang_schema import Marker
+from trainmedic.detectors.hang_schema import Marker
 
 # -- making the marker regexes cheap to run, without changing what they match --------------------
 #

@@ -12,7 +12,7 @@ from typing import Annotated
 from pydantic import ConfigDict, Field
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
-from detectors.hang_schema import EPOCH_SCALE, MarkerKind
+from trainmedic.detectors.hang_schema import EPOCH_SCALE, MarkerKind
 from trainmedic.models import Chip
 
 # ------------------------------------------------------------------------------------------------

@@ -29,11 +29,11 @@ from itertools import islice
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
-from detectors.hang_state import seconds_text
+from trainmedic.detectors.hang_state import seconds_text
 from trainmedic.models import Finding, I18nText
 
 if TYPE_CHECKING:
-    from detectors.hang import HangSettings
+    from trainmedic.detectors.hang import HangSettings
 
 # STATIC_SETTINGS (HangSettings): a longer floor and factor than live detection. The hang detector
 # is imported only for a log long enough to show a stall (`diagnose` of a few lines starts faster).
@@ -83,7 +83,7 @@ def silence_findings(lines: Iterable[str], *, file: str, settings: HangSettings 
         len(first) < BATCH_LINES and sum(line_time(ln) is not None for ln in first) < MIN_LINES
     ):
         return []
-    from detectors.hang import HangDetector, HangSettings, MarkerKind
+    from trainmedic.detectors.hang import HangDetector, HangSettings, MarkerKind
 
     det = HangDetector(settings=settings or HangSettings(floor_s=STATIC_FLOOR_S, factor=STATIC_FACTOR))
     matcher = det.markers.matcher

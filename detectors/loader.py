@@ -15,11 +15,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from detectors.schema import Rule, RuleFile, RuleStatus
-from rules import RULES_DIR
 from trainmedic import cache
 from trainmedic.datafile import format_error, node_line, parse_yaml, read_data_file, short_text
+from trainmedic.detectors.schema import Rule, RuleFile, RuleStatus
 from trainmedic.errors import Problem, RuleLoadError
+from trainmedic.rules import RULES_DIR
 
 MAX_RULE_FILE_BYTES = 4 * 1024 * 1024
 
@@ -176,7 +176,7 @@ def _load_rules(dirs: Sequence[Path], *, run_examples: bool) -> RuleSet:
 
 def check_examples(ruleset: RuleSet) -> list[Problem]:
     """Run every embedded example through the real engine (the `re` path); one problem per failure."""
-    from detectors.engine import Engine  # the engine depends on the schema, not on the loader
+    from trainmedic.detectors.engine import Engine  # the engine depends on the schema, not on the loader
 
     engine = Engine(ruleset.rules, fast=False)
     problems: list[Problem] = []

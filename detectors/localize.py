@@ -12,7 +12,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from udal.registry import device_patterns
+from trainmedic.udal.registry import device_patterns
 
 _RANK = [
     re.compile(r"^\s*\[(?:rank|default)(\d{1,6})\]:", re.ASCII),

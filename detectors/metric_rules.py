@@ -51,7 +51,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Protocol
 
-import udal
+from trainmedic import udal
 from trainmedic.models import Action, FaultClass, Finding, I18nText, Severity, Source
 
 UTILIZATION = "accelerator_utilization"

@@ -27,11 +27,11 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from rules import RULES_DIR
 from trainmedic import cache
 from trainmedic.datafile import format_error, node_line, parse_yaml
 from trainmedic.errors import Problem, TrainmedicError
 from trainmedic.models import FaultClass
+from trainmedic.rules import RULES_DIR
 
 PHASES_FILE = RULES_DIR / "phases" / "phases.yaml"
 BEFORE = 30

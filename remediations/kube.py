@@ -61,10 +61,10 @@ import urllib3.util
 from kubernetes import client as kclient
 from kubernetes.client.exceptions import ApiException
 
-from remediations.stacks import ExecResult, exec_in_pod
 from trainmedic.backoff import backoff_delay, parse_retry_after
 from trainmedic.errors import PermanentError, TemporaryError, TrainmedicError
 from trainmedic.models import FaultClass, I18nText
+from trainmedic.remediations.stacks import ExecResult, exec_in_pod
 from trainmedic.timefmt import rfc3339
 
 __all__ = [

@@ -51,12 +51,12 @@ from pydantic import (
     model_validator,
 )
 
-from remediations.hints import HintBook, HintError, default_hints, hints_for, load_hints
-from remediations.policy_state import PolicyState
 from trainmedic import quantity as shared_quantity
 from trainmedic.datafile import format_error, node_line, parse_yaml, read_data_file
 from trainmedic.errors import Problem, TrainmedicError
 from trainmedic.models import SEVERITY_RANK, Action, Chip, FaultClass, Finding, I18nText, RootCause, Severity
+from trainmedic.remediations.hints import HintBook, HintError, default_hints, hints_for, load_hints
+from trainmedic.remediations.policy_state import PolicyState
 from trainmedic.timefmt import rfc3339
 
 POLICY_FILE = Path(__file__).with_name("policy.yaml")

@@ -68,13 +68,13 @@ from typing import Any, Protocol, TypeVar
 import numpy as np
 import yaml
 
-from remediations.stacks import ExecResult, StackDump, StackSettings, dump_stacks
 from trainmedic import hsdb
 from trainmedic.errors import TrainmedicError
 from trainmedic.events import DiagnosisEvent
 from trainmedic.models import Finding, Source
+from trainmedic.remediations.stacks import ExecResult, StackDump, StackSettings, dump_stacks
 from trainmedic.timefmt import rfc3339
-from udal.registry import env_prefixes, visible_devices_envs
+from trainmedic.udal.registry import env_prefixes, visible_devices_envs
 
 _hs = hsdb.hs
 

@@ -61,7 +61,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from reports.notice import (
+from trainmedic.reports.notice import (
     ACTION_STATE_TEXT,
     FAULT_TEXT,
     SEVERITY_RANK,

@@ -11,7 +11,7 @@ from trainmedic.models import Diagnosis, where_words
 MAX_EVIDENCE = 12
 
 _env = Environment(
-    loader=PackageLoader("reports", "templates"),
+    loader=PackageLoader("trainmedic.reports", "templates"),
     undefined=StrictUndefined,
     autoescape=False,  # noqa: S701 - text and Markdown only; HTML reports get an autoescaping environment
     trim_blocks=True,

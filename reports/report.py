@@ -47,9 +47,9 @@ from jinja2.runtime import Context
 from jinja2.sandbox import SandboxedEnvironment
 from markupsafe import Markup, escape
 
-from reports.chart import Series, format_value, sparkline, svg_chart
 from trainmedic.datafile import load_yaml
 from trainmedic.errors import TrainmedicError
+from trainmedic.reports.chart import Series, format_value, sparkline, svg_chart
 
 __all__ = [
     "FORMATS",
@@ -304,7 +304,7 @@ def _configure(env: Environment) -> Environment:
 def _shipped_env() -> Environment:
     return _configure(
         Environment(
-            loader=PackageLoader("reports", "templates"),
+            loader=PackageLoader("trainmedic.reports", "templates"),
             undefined=StrictUndefined,
             autoescape=_autoescape,  # noqa: S701 - on for every HTML template (by name); Markdown escapes by filter
             trim_blocks=True,

@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 
-from detectors.engine import Engine, has_hyperscan
-from detectors.loader import RuleSet, load_rules
-from udal.registry import register
+from trainmedic.detectors.engine import Engine, has_hyperscan
+from trainmedic.detectors.loader import RuleSet, load_rules
+from trainmedic.udal.registry import register
 
 # The fake chip is a test double, not a shipped entry point: the suite registers it for itself.
-FAKE_PLUGIN = ("fake", "udal.fake:FakePlugin")
+FAKE_PLUGIN = ("fake", "trainmedic.udal.fake:FakePlugin")
 register(*FAKE_PLUGIN)
 
 # No on-disk compile cache unless a test asks for one (tests/test_cache.py): a test never reads an

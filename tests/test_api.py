@@ -20,7 +20,7 @@ import pytest_asyncio
 from fastapi import FastAPI
 from servers.alertmanager import AlertmanagerServer, require_alertmanager, webhook_config
 
-from agent.api import (
+from trainmedic.agent.api import (
     AlertmanagerWebhook,
     ApiBindError,
     ApiServer,
@@ -31,16 +31,16 @@ from agent.api import (
     serve,
     topic_of,
 )
-from agent.brain import Brain, BrainSettings
-from agent.bus.memory import MemoryBus
-from agent.cli import main as cli_main
-from agent.config import ApiSettings, load_settings
-from agent.jobindex import JobIndex
-from agent.store import IncidentStatus, IncidentStore
-from agent.telemetry import Telemetry
-from detectors.correlator import correlate
-from detectors.diagnose import make_engine
-from detectors.engine import Engine
+from trainmedic.agent.brain import Brain, BrainSettings
+from trainmedic.agent.bus.memory import MemoryBus
+from trainmedic.agent.cli import main as cli_main
+from trainmedic.agent.config import ApiSettings, load_settings
+from trainmedic.agent.jobindex import JobIndex
+from trainmedic.agent.store import IncidentStatus, IncidentStore
+from trainmedic.agent.telemetry import Telemetry
+from trainmedic.detectors.correlator import correlate
+from trainmedic.detectors.diagnose import make_engine
+from trainmedic.detectors.engine import Engine
 from trainmedic.events import DiagnosisEvent, Event, K8sEvent, MetricBatch, Topic, decode
 
 TOKEN = "s3cret-t0ken"
@@ -1167,7 +1167,7 @@ async def test_real_alertmanager_xid_alert_becomes_a_diagnosis(
 
 
 def _agent_settings(tmp_path: Path, **api: Any) -> Any:
-    from agent.config import Settings
+    from trainmedic.agent.config import Settings
 
     return Settings.model_validate(
         {
@@ -1198,8 +1198,8 @@ async def _agent_url(caplog: pytest.LogCaptureFixture) -> str:
 async def test_the_agent_serves_its_store_and_takes_alerts(
     tmp_path: Path, store: IncidentStore, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from agent.config import Role
-    from agent.run import build_agent, run_agent
+    from trainmedic.agent.config import Role
+    from trainmedic.agent.run import build_agent, run_agent
 
     caplog.set_level("INFO", logger="trainmedic.api")
     settings = _agent_settings(tmp_path)  # the `store` fixture wrote tmp_path/trainmedic.db
@@ -1247,8 +1247,8 @@ async def test_the_agent_serves_its_store_and_takes_alerts(
 @pytest.mark.asyncio
 @pytest.mark.timeout(60)
 async def test_the_agent_without_a_store_file_serves_the_rest(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    from agent.config import Role
-    from agent.run import build_agent, run_agent
+    from trainmedic.agent.config import Role
+    from trainmedic.agent.run import build_agent, run_agent
 
     caplog.set_level("INFO", logger="trainmedic.api")
     agent = build_agent(_agent_settings(tmp_path), Role.ALL, bus=MemoryBus(partitions=1))
@@ -1265,8 +1265,8 @@ async def test_the_agent_without_a_store_file_serves_the_rest(tmp_path: Path, ca
 
 
 def test_the_api_can_be_turned_off(tmp_path: Path) -> None:
-    from agent.config import Role
-    from agent.run import build_agent
+    from trainmedic.agent.config import Role
+    from trainmedic.agent.run import build_agent
 
     agent = build_agent(_agent_settings(tmp_path, enabled=False), Role.ALL, bus=MemoryBus(partitions=1))
     assert "api" not in agent.components and agent.disabled["api"] == "api.enabled is false"
@@ -1275,8 +1275,8 @@ def test_the_api_can_be_turned_off(tmp_path: Path) -> None:
 @pytest.mark.asyncio
 @pytest.mark.timeout(60)
 async def test_the_agent_keeps_running_when_its_port_is_taken(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    from agent.config import Role
-    from agent.run import build_agent, run_agent
+    from trainmedic.agent.config import Role
+    from trainmedic.agent.run import build_agent, run_agent
 
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

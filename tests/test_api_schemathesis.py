@@ -19,10 +19,10 @@ from hypothesis import HealthCheck, settings
 from schemathesis import Case
 from schemathesis.core.parameters import ParameterLocation
 
-from agent.api import create_app
-from agent.config import ApiSettings
-from agent.store import IncidentStatus, IncidentStore
-from agent.telemetry import Telemetry
+from trainmedic.agent.api import create_app
+from trainmedic.agent.config import ApiSettings
+from trainmedic.agent.store import IncidentStatus, IncidentStore
+from trainmedic.agent.telemetry import Telemetry
 from trainmedic.events import Event
 
 TOKEN = "fuzz-t0ken"

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from detectors.diagnose import diagnose_text
-from detectors.engine import Engine
+from trainmedic.detectors.diagnose import diagnose_text
+from trainmedic.detectors.engine import Engine
 from trainmedic.models import FaultClass
 
 DESTRUCTOR_FRAMES = """  File "/usr/lib/python3/site-packages/torch/utils/data/dataloader.py", line 1466, in __del__

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent.authlimit import AuthFailures, client_address
+from trainmedic.agent.authlimit import AuthFailures, client_address
 
 
 class Clock:

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from agent.store import IncidentStore
 from bench.console import run_console, seed
+from trainmedic.agent.store import IncidentStore
 
 
 @pytest.fixture(scope="module")

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from agent.brain import Brain, BrainSettings
-from agent.bus.memory import MemoryBus
+from trainmedic.agent.brain import Brain, BrainSettings
+from trainmedic.agent.bus.memory import MemoryBus
 from trainmedic.events import (
     DeadLetter,
     DiagnosisEvent,

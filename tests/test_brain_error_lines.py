@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent.brain import _ERROR_LINE, error_lines_of
+from trainmedic.agent.brain import _ERROR_LINE, error_lines_of
 
 
 @pytest.mark.parametrize(

@@ -12,8 +12,8 @@ from collections.abc import AsyncIterator
 import pytest
 import pytest_asyncio
 
-from agent.brain import Brain, BrainSettings
-from agent.bus.memory import MemoryBus
+from trainmedic.agent.brain import Brain, BrainSettings
+from trainmedic.agent.bus.memory import MemoryBus
 from trainmedic.events import (
     DiagnosisEvent,
     Event,
@@ -234,8 +234,8 @@ async def test_a_termination_rendered_again_is_taken_once(harness: Harness) -> N
 
 
 def test_the_scene_keeps_the_evidence_of_an_unknown_diagnosis() -> None:
-    from remediations.scene import _findings_doc
     from trainmedic.models import Diagnosis
+    from trainmedic.remediations.scene import _findings_doc
 
     d = DiagnosisEvent(
         diagnosis_id="d1",

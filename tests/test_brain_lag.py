@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from agent.brain import Brain
-from agent.bus.memory import MemoryBus
-from detectors.hang import HangDetector
+from trainmedic.agent.brain import Brain
+from trainmedic.agent.bus.memory import MemoryBus
+from trainmedic.detectors.hang import HangDetector
 from trainmedic.models import Finding
 
 

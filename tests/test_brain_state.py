@@ -11,9 +11,9 @@ from collections.abc import Callable
 
 import pytest
 
-from agent.brain import Brain, BrainSettings
-from agent.bus.memory import MemoryBus
-from agent.telemetry import Telemetry
+from trainmedic.agent.brain import Brain, BrainSettings
+from trainmedic.agent.bus.memory import MemoryBus
+from trainmedic.agent.telemetry import Telemetry
 from trainmedic.events import (
     JobRef,
     KernelBatch,

@@ -14,13 +14,13 @@ import pytest
 import yaml
 from test_loader import rule, rule_file
 
-import detectors.engine as engine_mod
-import detectors.loader as loader_mod
-import udal.base as udal_base
-from detectors.engine import Engine, has_hyperscan
-from detectors.loader import load_rules
+import trainmedic.detectors.engine as engine_mod
+import trainmedic.detectors.loader as loader_mod
+import trainmedic.udal.base as udal_base
 from trainmedic import cache
 from trainmedic.datafile import node_line, parse_yaml
+from trainmedic.detectors.engine import Engine, has_hyperscan
+from trainmedic.detectors.loader import load_rules
 
 ROOT = Path(__file__).resolve().parent.parent
 REAL_LOGS = ROOT / "tests" / "data" / "real-logs.jsonl"
@@ -186,7 +186,7 @@ def _real_lines(n: int) -> list[tuple[str, str]]:
 
 def _diagnose(log: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "agent.cli", "diagnose", "--logs", str(log), "--format", "json"],
+        [sys.executable, "-m", "trainmedic.agent.cli", "diagnose", "--logs", str(log), "--format", "json"],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -218,7 +218,7 @@ def test_two_processes_build_at_once(tmp_path: Path) -> None:
     log = tmp_path / "one.log"
     log.write_text(_real_lines(1)[0][1] + "\n", encoding="utf-8")
     folder = tmp_path / "cache"
-    cmd = [sys.executable, "-m", "agent.cli", "diagnose", "--logs", str(log), "--format", "json"]
+    cmd = [sys.executable, "-m", "trainmedic.agent.cli", "diagnose", "--logs", str(log), "--format", "json"]
     env = _env(TRAINMEDIC_CACHE_DIR=str(folder))
     procs = [
         subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -241,7 +241,7 @@ def test_diagnose_does_not_import_heavy_modules(tmp_path: Path, fmt: str) -> Non
     log.write_text(_real_lines(1)[0][1] + "\n", encoding="utf-8")
     probe = (
         "import contextlib, io, json, sys\n"
-        "from agent.cli import main\n"
+        "from trainmedic.agent.cli import main\n"
         "with contextlib.redirect_stdout(io.StringIO()):\n"
         f"    rc = main(['diagnose', '--logs', {str(log)!r}, '--format', {fmt!r}])\n"
         f"print(json.dumps([rc, sorted(m for m in sys.modules if m.split('.')[0] in {HEAVY!r})]))\n"
@@ -297,7 +297,7 @@ def test_unloadable_hyperscan_database_is_compiled_afresh(cache_dir: Path) -> No
 
 
 def test_cache_dir_variable_is_not_a_setting() -> None:
-    from agent.config import load_settings
+    from trainmedic.agent.config import load_settings
 
     load_settings(env={cache.ENV_VAR: "/somewhere"})
     load_settings(env={cache.ENV_VAR: ""})

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.cli import main
+from trainmedic.agent.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = Path(__file__).parent / "golden"

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.config import ConfigError, Role, check_role, load_settings
+from trainmedic.agent.config import ConfigError, Role, check_role, load_settings
 
 
 def test_defaults_are_the_embedded_setup() -> None:
@@ -82,7 +82,7 @@ def test_split_roles_need_kafka(role: Role) -> None:
 def test_config_show_prints_no_url_credentials(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], kind: str, url: str, secrets: tuple[str, ...]
 ) -> None:
-    from agent.cli import main
+    from trainmedic.agent.cli import main
 
     cfg = tmp_path / "trainmedic.yaml"
     cfg.write_text(f"notify:\n  sinks:\n    - kind: {kind}\n      url: '{url}'\n")

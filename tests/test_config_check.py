@@ -15,12 +15,12 @@ from typing import Any
 import pytest
 import yaml
 
-from agent.cli import main
-from agent.config import ConfigError, RemediateSettings, Role, load_settings
-from agent.configcheck import data_file_problems, refusal_lines
-from agent.responder import ResponderSettings
-from detectors.hang_state import HangSettings
-from remediations.policy import Mode
+from trainmedic.agent.cli import main
+from trainmedic.agent.config import ConfigError, RemediateSettings, Role, load_settings
+from trainmedic.agent.configcheck import data_file_problems, refusal_lines
+from trainmedic.agent.responder import ResponderSettings
+from trainmedic.detectors.hang_state import HangSettings
+from trainmedic.remediations.policy import Mode
 
 ROOT = Path(__file__).resolve().parents[1]
 POLICY = (ROOT / "remediations" / "policy.yaml").read_text(encoding="utf-8")
@@ -139,7 +139,7 @@ def test_check_refuses_with_file_and_line(
 def test_start_up_refuses_with_the_same_lines(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], case: str, kind: str, text: str, line: int, word: str
 ) -> None:
-    from agent import run
+    from trainmedic.agent import run
 
     config, broken = _config(tmp_path, kind, text)
     settings = load_settings(config, env={})
@@ -189,8 +189,8 @@ def _other_value(name: str, default: object) -> object:
 @pytest.fixture(scope="module")
 def hang_built() -> Iterator[tuple[HangSettings, HangSettings]]:
     """An agent built (not started) from environment values for every hang setting."""
-    from agent.health import _close
-    from agent.run import build_agent
+    from trainmedic.agent.health import _close
+    from trainmedic.agent.run import build_agent
 
     base = HangSettings()
     env = {
@@ -277,7 +277,7 @@ def test_every_responder_setting_is_in_the_remediate_group(name: str) -> None:
     ],
 )
 def test_each_responder_setting_reaches_the_responder(name: str, raw: str, expected: object) -> None:
-    from agent.run import responder_settings
+    from trainmedic.agent.run import responder_settings
 
     settings = load_settings(None, env={f"TRAINMEDIC_REMEDIATE__{name.upper()}": raw, "TRAINMEDIC_BUS__GROUP": "g"})
     built = responder_settings(settings)

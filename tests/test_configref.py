@@ -14,8 +14,8 @@ import pytest
 import yaml
 from pydantic import BaseModel, Field
 
-from agent.config import ConfigError, Settings, load_settings
-from agent.configref import FieldDoc, field_docs, groups, missing_descriptions, reference_markdown
+from trainmedic.agent.config import ConfigError, Settings, load_settings
+from trainmedic.agent.configref import FieldDoc, field_docs, groups, missing_descriptions, reference_markdown
 
 FIELDS = list(field_docs())
 
@@ -131,7 +131,7 @@ def test_walk_of_a_model() -> None:
 
 
 def test_cli_prints_the_reference(capsys: pytest.CaptureFixture[str]) -> None:
-    from agent.cli import main
+    from trainmedic.agent.cli import main
 
     assert main(["config", "reference"]) == 0
     assert capsys.readouterr().out == reference_markdown()
@@ -151,7 +151,7 @@ def test_cli_shows_effective_settings_without_secrets(
     shown: str,
     hidden: str | None,
 ) -> None:
-    from agent.cli import main
+    from trainmedic.agent.cli import main
 
     for k, v in env.items():
         monkeypatch.setenv(k, v)
@@ -163,7 +163,7 @@ def test_cli_shows_effective_settings_without_secrets(
 
 
 def test_cli_show_lists_every_problem(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from agent.cli import main
+    from trainmedic.agent.cli import main
 
     bad = tmp_path / "bad.yaml"
     bad.write_text("bus: {kind: carrier-pigeon}\napi: {port: -1}\n", encoding="utf-8")
@@ -191,7 +191,7 @@ def test_docs_page_is_the_generated_reference() -> None:
 def test_cli_show_hides_credentials_in_urls(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], url: str, shown: str, hidden: str
 ) -> None:
-    from agent.cli import main
+    from trainmedic.agent.cli import main
 
     cfg = tmp_path / "c.yaml"
     cfg.write_text(f"notify:\n  sinks:\n    - kind: cloudevents\n      url: '{url}'\n", encoding="utf-8")

@@ -14,14 +14,14 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from agent.api import create_app
-from agent.config import ApiSettings
-from agent.console.pages import LABELS
-from agent.console.security import SESSION_COOKIE, Links, Sessions, console_key, message_links
-from agent.store import ActionState, IncidentStatus, IncidentStore
-from agent.telemetry import Telemetry
-from reports import payloads
-from reports.notice import Notice
+from trainmedic.agent.api import create_app
+from trainmedic.agent.config import ApiSettings
+from trainmedic.agent.console.pages import LABELS
+from trainmedic.agent.console.security import SESSION_COOKIE, Links, Sessions, console_key, message_links
+from trainmedic.agent.store import ActionState, IncidentStatus, IncidentStore
+from trainmedic.agent.telemetry import Telemetry
+from trainmedic.reports import payloads
+from trainmedic.reports.notice import Notice
 
 TOKEN = "c0nsole-t0ken"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -722,8 +722,8 @@ async def test_the_notifier_queues_notices_with_the_console_links(
     page and, while a plan awaits approval, carries an approve link that this console accepts."""
     import time
 
-    from agent.config import NotifySettings
-    from agent.notify import build_notifier
+    from trainmedic.agent.config import NotifySettings
+    from trainmedic.agent.notify import build_notifier
     from trainmedic.events import IncidentEvent, JobRef, make_event
 
     settings = NotifySettings.model_validate({"sinks": [{"kind": "slack", "url": "http://127.0.0.1:9/hook"}]})
@@ -766,7 +766,7 @@ def test_a_version_1_store_is_upgraded_in_place(tmp_path: Path) -> None:
     and its incidents stay as they were."""
     import sqlite3
 
-    from agent.store import MIGRATIONS
+    from trainmedic.agent.store import MIGRATIONS
 
     path = tmp_path / "v1.db"
     db = sqlite3.connect(path)
@@ -797,7 +797,7 @@ def test_a_version_1_store_is_upgraded_in_place(tmp_path: Path) -> None:
 
 
 def test_a_used_link_nonce_decides_nothing(store: IncidentStore, pending: str) -> None:
-    from agent.store import LinkUsedError
+    from trainmedic.agent.store import LinkUsedError
 
     other = seed(store, 2, iid="pend2222abcd", status="awaiting_approval")
     store.approve(pending, by="a", link_nonce="same")

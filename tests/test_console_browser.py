@@ -16,14 +16,14 @@ import pytest
 import pytest_asyncio
 from servers.chromium import ARGS, require_chromium
 
-from agent.api import ApiServer, create_app
-from agent.config import ApiSettings
-from agent.console.security import message_links
-from agent.reporting import report_context
-from agent.store import ActionState, IncidentStatus, IncidentStore
-from agent.telemetry import Telemetry
-from detectors.diagnose import make_engine
-from reports.report import render_report
+from trainmedic.agent.api import ApiServer, create_app
+from trainmedic.agent.config import ApiSettings
+from trainmedic.agent.console.security import message_links
+from trainmedic.agent.reporting import report_context
+from trainmedic.agent.store import ActionState, IncidentStatus, IncidentStore
+from trainmedic.agent.telemetry import Telemetry
+from trainmedic.detectors.diagnose import make_engine
+from trainmedic.reports.report import render_report
 
 TOKEN = "br0wser-t0ken"
 XID79 = "NVRM: Xid (PCI:0000:3b:00): 79, pid=2876, name=python, GPU has fallen off the bus."
@@ -59,7 +59,7 @@ CJK_JS = """() => {
 
 
 def _diagnosis() -> dict[str, Any]:
-    from agent.api import diagnose_blobs
+    from trainmedic.agent.api import diagnose_blobs
 
     engine = make_engine(())
     d = diagnose_blobs([("train.log", (XID79 + "\n").encode())], engine)

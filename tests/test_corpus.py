@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from detectors.diagnose import diagnose_text
-from detectors.engine import Engine
+from trainmedic.detectors.diagnose import diagnose_text
+from trainmedic.detectors.engine import Engine
 
 CORPUS = Path(__file__).parent / "data" / "real-logs.jsonl"
 LABEL_CLASS = {

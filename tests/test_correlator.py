@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from detectors.correlator import correlate
-from detectors.diagnose import diagnose_text
-from detectors.engine import Engine
+from trainmedic.detectors.correlator import correlate
+from trainmedic.detectors.diagnose import diagnose_text
+from trainmedic.detectors.engine import Engine
 from trainmedic.models import Action, FaultClass
 
 WATCHDOG = (
@@ -174,8 +174,8 @@ def test_summary_and_hint_in_both_languages(re_engine: Engine) -> None:
     ],
 )
 def test_the_root_cause_carries_the_vendors_causes_and_steps(line: str, code: str, causes: int, steps: int) -> None:
-    import udal
-    from detectors.diagnose import diagnose_text, make_engine
+    from trainmedic import udal
+    from trainmedic.detectors.diagnose import diagnose_text, make_engine
 
     rc = diagnose_text(line, make_engine()).root_cause
     assert rc is not None and rc.code == code

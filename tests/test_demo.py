@@ -17,15 +17,15 @@ from typing import Any
 import pytest
 from servers.kube import JOB, VOLCANO_JOB, require_kmock
 
-from agent.cli import main as cli_main
-from agent.demo import logs
-from agent.demo.output import TEXTS, Lang, text
-from agent.demo.runner import DemoOutcome, fresh_dir, parse_faults, run_demo
-from agent.demo.runner import main as demo_main
-from agent.demo.scenario import DemoCluster, FaultResult
-from agent.demo.training import unschedulable_reason, write_hf_checkpoint, write_megatron_checkpoint
-from detectors.diagnose import diagnose_text, make_engine
-from remediations.checkpoints import latest_complete, list_checkpoints
+from trainmedic.agent.cli import main as cli_main
+from trainmedic.agent.demo import logs
+from trainmedic.agent.demo.output import TEXTS, Lang, text
+from trainmedic.agent.demo.runner import DemoOutcome, fresh_dir, parse_faults, run_demo
+from trainmedic.agent.demo.runner import main as demo_main
+from trainmedic.agent.demo.scenario import DemoCluster, FaultResult
+from trainmedic.agent.demo.training import unschedulable_reason, write_hf_checkpoint, write_megatron_checkpoint
+from trainmedic.detectors.diagnose import diagnose_text, make_engine
+from trainmedic.remediations.checkpoints import latest_complete, list_checkpoints
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -220,7 +220,7 @@ def test_demo_command_as_a_subprocess(tmp_path: Path) -> None:
     require_kmock()
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.run(
-        [sys.executable, "-m", "agent", "demo", "--fault", "xid", "--json", "--workdir", str(tmp_path)],
+        [sys.executable, "-m", "trainmedic.agent", "demo", "--fault", "xid", "--json", "--workdir", str(tmp_path)],
         capture_output=True,
         text=True,
         timeout=100,

@@ -12,15 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from agent.demo import plane
-from agent.demo.runner import EXIT_UNUSABLE, REAL_FAULTS, parse_faults
+from trainmedic.agent.demo import plane
+from trainmedic.agent.demo.runner import EXIT_UNUSABLE, REAL_FAULTS, parse_faults
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _demo(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "agent", "demo", *args],
+        [sys.executable, "-m", "trainmedic.agent", "demo", *args],
         check=False,
         cwd=ROOT,
         capture_output=True,

@@ -29,16 +29,16 @@ import yaml
 from kubernetes import client as kclient
 from servers.prometheus import in_ci
 
-from agent import api as api_mod
-from agent.bus.memory import MemoryBus
-from agent.config import ApiSettings, ConfigError, Role, Settings, check_role, load_settings
-from agent.run import build_agent
-from agent.telemetry import Telemetry
-from agent.watchers.k8s import RESOURCES
-from detectors.loader import load_rules
-from remediations import kube as kube_mod
-from remediations.policy import POLICY_FILE, load_policy
+from trainmedic.agent import api as api_mod
+from trainmedic.agent.bus.memory import MemoryBus
+from trainmedic.agent.config import ApiSettings, ConfigError, Role, Settings, check_role, load_settings
+from trainmedic.agent.run import build_agent
+from trainmedic.agent.telemetry import Telemetry
+from trainmedic.agent.watchers.k8s import RESOURCES
+from trainmedic.detectors.loader import load_rules
 from trainmedic.events import MetricBatch
+from trainmedic.remediations import kube as kube_mod
+from trainmedic.remediations.policy import POLICY_FILE, load_policy
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"

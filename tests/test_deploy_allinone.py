@@ -22,11 +22,11 @@ from kubernetes import client as kclient
 from servers.prometheus import PrometheusServer, in_ci, require_prometheus
 from test_deploy import schema_problems
 
-from agent.config import Role, check_role, load_settings
-from agent.run import build_agent
-from agent.telemetry import Telemetry
-from agent.watchers.k8s import RESOURCES
-from remediations import kube as kube_mod
+from trainmedic.agent.config import Role, check_role, load_settings
+from trainmedic.agent.run import build_agent
+from trainmedic.agent.telemetry import Telemetry
+from trainmedic.agent.watchers.k8s import RESOURCES
+from trainmedic.remediations import kube as kube_mod
 
 ROOT = Path(__file__).resolve().parent.parent
 ALL_IN_ONE = ROOT / "deploy" / "all-in-one"

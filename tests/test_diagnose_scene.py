@@ -13,13 +13,13 @@ from typing import Any
 
 import pytest
 
-from agent.brain import Brain, BrainSettings
-from agent.bus.memory import MemoryBus
-from agent.cli import main
-from agent.watchers.k8s import pod_digest
-from remediations.scene import SceneError, SceneInputs, SceneSettings, load_scene, save_scene
-from remediations.stacks import ExecResult
+from trainmedic.agent.brain import Brain, BrainSettings
+from trainmedic.agent.bus.memory import MemoryBus
+from trainmedic.agent.cli import main
+from trainmedic.agent.watchers.k8s import pod_digest
 from trainmedic.events import DiagnosisEvent, JobRef, KernelBatch, LogBatch, Topic, decode, make_event
+from trainmedic.remediations.scene import SceneError, SceneInputs, SceneSettings, load_scene, save_scene
+from trainmedic.remediations.stacks import ExecResult
 
 DATA = Path(__file__).parent / "data"
 JOB = JobRef(namespace="train", name="llama")

@@ -193,14 +193,14 @@ def site_rules(tmp_path: Path) -> Path:
 
 
 def test_rule_example_passes_rules_test(site_rules: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from agent.cli import main
+    from trainmedic.agent.cli import main
 
     assert main(["rules", "test", "--rules", str(site_rules)]) == 0, capsys.readouterr().err
     assert "examples passed" in capsys.readouterr().out
 
 
 def test_rule_example_diagnoses_its_line(site_rules: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from agent.cli import main
+    from trainmedic.agent.cli import main
 
     log = tmp_path / "job.log"
     log.write_text(
@@ -218,7 +218,7 @@ def test_rule_example_diagnoses_its_line(site_rules: Path, tmp_path: Path, capsy
 
 def test_rule_example_refused_when_broken(site_rules: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The check the page relies on does fail: the same file with its example line changed."""
-    from agent.cli import main
+    from trainmedic.agent.cli import main
 
     f = site_rules / "uploads.yaml"
     f.write_text(
@@ -234,7 +234,7 @@ def test_rule_example_refused_when_broken(site_rules: Path, capsys: pytest.Captu
 
 @pytest.fixture
 def acme(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    from udal import registry
+    from trainmedic.udal import registry
 
     pkg = tmp_path / "acme_trainmedic"
     pkg.mkdir()
@@ -253,9 +253,9 @@ def acme(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
 
 
 def test_chip_plugin_example_registers_and_works(acme: str) -> None:
-    import udal
+    from trainmedic import udal
     from trainmedic.models import Action, FaultClass
-    from udal import registry
+    from trainmedic.udal import registry
 
     plugin = registry.get_plugin(acme)
     assert type(plugin).__name__ == "AcmePlugin" and plugin.name == "acme"
@@ -276,11 +276,11 @@ def test_chip_plugin_example_registers_and_works(acme: str) -> None:
 
 
 def test_chip_plugin_example_is_a_chip_of_its_own(acme: str) -> None:
-    from agent.bus.memory import MemoryBus
-    from agent.watchers.k8s import node_status
-    from agent.watchers.metrics import PrometheusSource
+    from trainmedic.agent.bus.memory import MemoryBus
+    from trainmedic.agent.watchers.k8s import node_status
+    from trainmedic.agent.watchers.metrics import PrometheusSource
     from trainmedic.models import Chip
-    from udal import registry
+    from trainmedic.udal import registry
 
     assert Chip(acme) == "acme" and registry.get_plugin(acme).chip == "acme"
     node = {"metadata": {"name": "a-1", "labels": {}}, "status": {"capacity": {"acme.example/npu": "8"}}}
@@ -299,9 +299,9 @@ class _NoClient:
 
 
 def test_chip_rule_example_diagnoses_under_the_chips_name(acme: str, tmp_path: Path) -> None:
-    from detectors.diagnose import diagnose_text
-    from detectors.engine import Engine
-    from detectors.loader import load_rules
+    from trainmedic.detectors.diagnose import diagnose_text
+    from trainmedic.detectors.engine import Engine
+    from trainmedic.detectors.loader import load_rules
     from trainmedic.models import Action
 
     site = tmp_path / "site-rules"
@@ -320,7 +320,7 @@ def test_chip_rule_example_diagnoses_under_the_chips_name(acme: str, tmp_path: P
 
 
 def test_chip_catalog_example_is_validated(acme: str, tmp_path: Path) -> None:
-    from udal.base import CatalogError, load_catalog_text
+    from trainmedic.udal.base import CatalogError, load_catalog_text
 
     text = example(DOCS / "chips.md", "chip-catalog")
     assert set(load_catalog_text(text, "acme_catalog.yaml").entries) == {"acme:17", "acme:42"}
@@ -333,7 +333,7 @@ def test_chip_catalog_example_is_validated(acme: str, tmp_path: Path) -> None:
 
 
 def sink_notice(incident: str, severity: str = "critical") -> Any:
-    from reports.notice import Notice
+    from trainmedic.reports.notice import Notice
 
     return Notice.from_dict(
         {
@@ -354,8 +354,8 @@ def sink_notice(incident: str, severity: str = "critical") -> Any:
 
 
 def test_sink_example_builds_and_classifies() -> None:
-    from agent.config import SinkSettings
-    from agent.notify import Sink
+    from trainmedic.agent.config import SinkSettings
+    from trainmedic.agent.notify import Sink
 
     scope: dict[str, Any] = {"__name__": "pager_sink"}
     exec(compile(example(DOCS / "notifications.md", "sink-example"), "docs/notifications.md", "exec"), scope)
@@ -396,7 +396,7 @@ def test_sink_example_builds_and_classifies() -> None:
 def test_signature_snippet_is_the_tested_one() -> None:
     """docs/notifications.md quotes the receiver's check; tests/reports/test_payloads.py runs the
     copy in reports/payloads.py against real deliveries. The two must be the same code."""
-    from reports import payloads
+    from trainmedic.reports import payloads
 
     doc = payloads.__doc__ or ""
     m = re.search(r"```python\n(.*?)```", doc, re.S)
@@ -419,7 +419,7 @@ class MemoryJournal:
     """The journal protocol over a list (the responder's is over the incident store)."""
 
     def __init__(self, incident_id: str, names: list[str]) -> None:
-        from remediations.actions.base import Entry
+        from trainmedic.remediations.actions.base import Entry
 
         self.incident_id = incident_id
         self.rows = [Entry(seq=i, name=n, state="planned", params={}) for i, n in enumerate(names)]
@@ -500,8 +500,8 @@ async def test_action_example_runs_against_a_journal(
     state: str,
     result: dict[str, Any],
 ) -> None:
-    from remediations.actions import ACTIONS
-    from remediations.actions.base import ActionCall, ActionDef
+    from trainmedic.remediations.actions import ACTIONS
+    from trainmedic.remediations.actions.base import ActionCall, ActionDef
 
     module = load_action_example(tmp_path, monkeypatch)
     action = module.ACTION
@@ -532,7 +532,7 @@ def test_readme_diagnose_example_is_real_output(
 ) -> None:
     """Every line the README shows of `trainmedic diagnose` is what the command prints now (a line
     cut short with `...` is a prefix of the real one)."""
-    from agent.cli import main
+    from trainmedic.agent.cli import main
 
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     m = re.search(r"```console\n\$ trainmedic (diagnose [^\n]+)\n(.*?)```", readme, re.S)
@@ -556,8 +556,8 @@ def test_readme_diagnose_example_is_real_output(
 
 @pytest.mark.parametrize("with_shipped", [False, True], ids=["alone", "beside-the-shipped"])
 def test_progress_marker_example_loads_and_reads_the_step(tmp_path: Path, with_shipped: bool) -> None:
-    from detectors.hang_markers import load_markers
-    from detectors.hang_schema import MARKERS_FILE
+    from trainmedic.detectors.hang_markers import load_markers
+    from trainmedic.detectors.hang_schema import MARKERS_FILE
 
     entry = example(DOCS / "rules.md", "progress-marker-example")
     text = MARKERS_FILE.read_text(encoding="utf-8").rstrip("\n") + "\n" if with_shipped else "version: 1\nmarkers:\n"
@@ -571,7 +571,7 @@ def test_progress_marker_example_loads_and_reads_the_step(tmp_path: Path, with_s
 
 
 def test_progress_marker_example_refused_when_broken(tmp_path: Path) -> None:
-    from detectors.hang_markers import load_markers
+    from trainmedic.detectors.hang_markers import load_markers
     from trainmedic.errors import RuleLoadError
 
     entry = example(DOCS / "rules.md", "progress-marker-example").replace("step: 1200", "step: 1300")

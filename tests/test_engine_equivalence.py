@@ -21,10 +21,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import detectors.engine as engine_mod
-from detectors.engine import Engine, normalize
-from detectors.loader import RuleSet, load_rules
-from detectors.schema import Rule
+import trainmedic.detectors.engine as engine_mod
+from trainmedic.detectors.engine import Engine, normalize
+from trainmedic.detectors.loader import RuleSet, load_rules
+from trainmedic.detectors.schema import Rule
 from trainmedic.models import Finding
 
 # The shared corpus: ../shared next to the repository root.

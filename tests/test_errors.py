@@ -8,23 +8,23 @@ import inspect
 
 import pytest
 
-from agent.notify import DeliveryFailed, DeliveryRefused, Outcome
-from agent.watchers.k8s import ResourceGone, TemporaryWatchError
-from remediations.errors import FatalActionError, PermanentActionError, TemporaryActionError, classify
-from remediations.kube import TemporaryKubeError
+from trainmedic.agent.notify import DeliveryFailed, DeliveryRefused, Outcome
+from trainmedic.agent.watchers.k8s import ResourceGone, TemporaryWatchError
 from trainmedic.errors import FatalError, PermanentError, TemporaryError, TrainmedicError, retry_meaning
+from trainmedic.remediations.errors import FatalActionError, PermanentActionError, TemporaryActionError, classify
+from trainmedic.remediations.kube import TemporaryKubeError
 
 BRANCHES = (TemporaryError, PermanentError, FatalError)
 LAYERS = (
-    "remediations.kube",
-    "remediations.workloads",
-    "remediations.errors",
-    "agent.watchers.k8s",
-    "agent.watchers.kernel",
-    "agent.watchers.metrics",
-    "agent.watchers.nvml",
-    "agent.notify",
-    "agent.outbox",
+    "trainmedic.remediations.kube",
+    "trainmedic.remediations.workloads",
+    "trainmedic.remediations.errors",
+    "trainmedic.agent.watchers.k8s",
+    "trainmedic.agent.watchers.kernel",
+    "trainmedic.agent.watchers.metrics",
+    "trainmedic.agent.watchers.nvml",
+    "trainmedic.agent.notify",
+    "trainmedic.agent.outbox",
 )
 # A layer's common base (each subclass picks its branch) and the policy's refusal (a fourth outcome:
 # the incident ends `blocked`, a person is paged).
@@ -70,8 +70,8 @@ def test_the_branch_and_the_delay_travel_with_the_error(exc: BaseException, bran
     [
         (DeliveryFailed("5xx"), TemporaryActionError),
         (DeliveryRefused("404"), PermanentActionError),
-        (importlib.import_module("agent.outbox").OutboxError("unreadable"), FatalActionError),
-        (importlib.import_module("agent.watchers.k8s").PermanentWatchError("403"), PermanentActionError),
+        (importlib.import_module("trainmedic.agent.outbox").OutboxError("unreadable"), FatalActionError),
+        (importlib.import_module("trainmedic.agent.watchers.k8s").PermanentWatchError("403"), PermanentActionError),
         (ValueError("nobody expected this"), PermanentActionError),
     ],
 )

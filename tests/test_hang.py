@@ -26,7 +26,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from detectors.hang import (
+from trainmedic.detectors.hang import (
     EPOCH_SCALE,
     HangDetector,
     HangSettings,
@@ -78,7 +78,7 @@ def _matcher(fast: bool) -> ProgressMatcher:
 @pytest.mark.parametrize("marker", MARKERS.markers, ids=lambda m: m.id)
 @pytest.mark.parametrize("fast", [False, True], ids=["re", "hyperscan"])
 def test_shipped_marker_examples(marker: object, fast: bool) -> None:
-    from detectors.hang import Marker
+    from trainmedic.detectors.hang import Marker
 
     assert isinstance(marker, Marker)
     if fast:

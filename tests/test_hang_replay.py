@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from bench.hang import FORMATS, STEP_S, TICK_S, generate, replay
-from detectors.hang import HangDetector, HangSettings, MarkerKind, shipped_markers
+from trainmedic.detectors.hang import HangDetector, HangSettings, MarkerKind, shipped_markers
 from trainmedic.models import FaultClass
 
 JOB = "job:train/llama"

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from detectors.diagnose import diagnose_paths, make_engine
-from detectors.hang_static import line_time, silence_findings
+from trainmedic.detectors.diagnose import diagnose_paths, make_engine
+from trainmedic.detectors.hang_static import line_time, silence_findings
 from trainmedic.models import FaultClass
 
 T0 = calendar.timegm((2026, 1, 1, 10, 0, 0, 0, 0, 0))

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from detectors.diagnose import diagnose_paths
-from detectors.engine import Engine
+from trainmedic.detectors.diagnose import diagnose_paths
+from trainmedic.detectors.engine import Engine
 
 INIT = (
     "[INFO] HCCL(16243,python):2025-11-22-17:37:00.448.967 [op_base.cc:1292] [16243]Entry-HcclCommInitRootInfoInner:"

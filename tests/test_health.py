@@ -12,12 +12,12 @@ from typing import Any
 import httpx
 import pytest
 
-from agent.cli import main, when
-from agent.config import Role, Settings, load_settings
-from agent.health import bootstrap_hosts, preflight, readiness
-from agent.run import build_agent
-from agent.store import IncidentStore
 from trainmedic import __version__
+from trainmedic.agent.cli import main, when
+from trainmedic.agent.config import Role, Settings, load_settings
+from trainmedic.agent.health import bootstrap_hosts, preflight, readiness
+from trainmedic.agent.run import build_agent
+from trainmedic.agent.store import IncidentStore
 
 RFC3339 = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(Z|[+-]\d\d:\d\d)")
 
@@ -160,7 +160,7 @@ def test_check_passes_when_the_broker_listens(tmp_path: Path, role: Role) -> Non
 
 @pytest.mark.parametrize("mounted", [True, False])
 def test_check_reads_the_checkpoint_mounts(tmp_path: Path, mounted: bool) -> None:
-    from agent.health import checkpoint_checks
+    from trainmedic.agent.health import checkpoint_checks
 
     local = tmp_path / "ckpt"
     if mounted:
@@ -210,7 +210,7 @@ def test_bootstrap_hosts(bootstrap: str, expected: list[tuple[str, int]]) -> Non
 
 
 async def _readyz(agent: Any) -> httpx.Response:
-    from agent import api
+    from trainmedic.agent import api
 
     app = api.create_app(store=None, telemetry=agent.telemetry, settings=agent.settings.api, ready=readiness(agent))
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://trainmedic") as c:
@@ -304,7 +304,7 @@ class _Refuse(http.server.BaseHTTPRequestHandler):
 
 @pytest.mark.parametrize("server", ["forbidden", "unreachable"])
 def test_check_fails_when_the_api_server_refuses_or_is_away(tmp_path: Path, server: str) -> None:
-    from agent.health import kube_check
+    from trainmedic.agent.health import kube_check
 
     if server == "forbidden":
         httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Refuse)

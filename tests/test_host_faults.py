@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from detectors.diagnose import diagnose_paths
-from detectors.engine import Engine
+from trainmedic.detectors.diagnose import diagnose_paths
+from trainmedic.detectors.engine import Engine
 
 NODE = "node-07"
 

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from servers.kube import JOB, require_kmock
 
-from agent.demo import scenario
-from agent.demo.output import Progress
-from agent.demo.scenario import DemoCluster, Scenario, run_fault
-from agent.demo.training import JobProfile, TrainingRun
+from trainmedic.agent.demo import scenario
+from trainmedic.agent.demo.output import Progress
+from trainmedic.agent.demo.scenario import DemoCluster, Scenario, run_fault
+from trainmedic.agent.demo.training import JobProfile, TrainingRun
 
 ERROR_LINES = [
     "[rank8]: ERROR data.shards: shard 17 failed its checksum twice, giving up",

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from agent.jobindex import JobIndex, job_of, pod_info, rank_of
+from trainmedic.agent.jobindex import JobIndex, job_of, pod_info, rank_of
 from trainmedic.events import JobRef
 
 

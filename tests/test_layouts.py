@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from agent.cli import main
-from detectors.diagnose import diagnose_paths, expand_inputs
-from detectors.engine import Engine
-from detectors.layout import Layout
+from trainmedic.agent.cli import main
+from trainmedic.detectors.diagnose import diagnose_paths, expand_inputs
+from trainmedic.detectors.engine import Engine
+from trainmedic.detectors.layout import Layout
 
 LAYOUTS = Path(__file__).parent / "data" / "layouts"
 AMBIGUOUS = "ambiguous"

@@ -23,8 +23,8 @@ import pytest_asyncio
 import yaml
 from servers.kube import Cluster, KubeEmulator, kmock, require_kmock
 
-from agent.cli import main
-from remediations.kube import TAINT_KEY
+from trainmedic.agent.cli import main
+from trainmedic.remediations.kube import TAINT_KEY
 
 # A fake bearer token: it must never be printed.
 TOKEN = "tm-test-token-5f0c9a"
@@ -564,7 +564,7 @@ def _status_pod(phase: str, reason: str | None = None, **cs: Any) -> dict[str, A
     ],
 )
 def test_pod_trouble(pod: dict[str, Any], expected: str | None) -> None:
-    from agent.live import pod_trouble
+    from trainmedic.agent.live import pod_trouble
 
     assert pod_trouble(pod) == expected
 
@@ -581,7 +581,7 @@ def test_pod_trouble(pod: dict[str, Any], expected: str | None) -> None:
     ids=["cambricon", "nvidia-mig", "cpu-only", "launcher-env", "other-env"],
 )
 def test_training_pod(container: dict[str, Any], expected: bool) -> None:
-    from agent.live import training_pod
+    from trainmedic.agent.live import training_pod
 
     pod = {"spec": {"containers": [{"name": "trainer", **container}]}}
     assert training_pod(pod, plugin_resources={}) is expected

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.cli import main
-from detectors.loader import load_rules
+from trainmedic.agent.cli import main
+from trainmedic.detectors.loader import load_rules
 from trainmedic.errors import Problem, RuleLoadError
 
 

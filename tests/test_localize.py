@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from detectors.localize import Location, localize, normalize_pci
+from trainmedic.detectors.localize import Location, localize, normalize_pci
 
 
 @pytest.mark.parametrize(

@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from agent.looplag import LoopLagMonitor
-from agent.telemetry import Telemetry
+from trainmedic.agent.looplag import LoopLagMonitor
+from trainmedic.agent.telemetry import Telemetry
 
 
 def _count(t: Telemetry, le: str) -> float:

@@ -7,7 +7,7 @@ import math
 import pytest
 from servers.loops import no_stray_event_loop  # noqa: F401 - autouse: closes looptime's stray loops
 
-from detectors.metric_rules import RULES, MetricRules, flat_utilization
+from trainmedic.detectors.metric_rules import RULES, MetricRules, flat_utilization
 from trainmedic.events import MetricSample
 from trainmedic.models import Action, Chip, FaultClass, Finding, Severity, Source
 
@@ -113,7 +113,7 @@ def test_each_rule_makes_a_localised_metric_finding(
 
 
 def test_every_rule_metric_is_in_the_vocabulary() -> None:
-    from udal import METRIC_VOCABULARY
+    from trainmedic.udal import METRIC_VOCABULARY
 
     assert {r.metric for r in RULES} <= METRIC_VOCABULARY
     assert len({r.rule_id for r in RULES}) == len(RULES)

@@ -28,15 +28,13 @@ from servers.alertmanager import AlertmanagerServer, require_alertmanager
 from servers.kube import KubeEmulator, require_kmock
 from servers.receiver import Receiver, Reply, Request, ThreadedReceiver
 
-from agent.bus.memory import MemoryBus
-from agent.config import NotifySettings, Role, Settings, SinkSettings, load_settings
-from agent.notify import DEDUP_HEADER, Notifier, NotifyError, backoff_delay, dedup_key_of, parse_retry_after
-from agent.outbox import ItemState, Outbox
-from agent.run import build_agent, run_agent
-from agent.store import IncidentStore
-from agent.telemetry import Telemetry
-from reports import payloads
-from reports.notice import Notice
+from trainmedic.agent.bus.memory import MemoryBus
+from trainmedic.agent.config import NotifySettings, Role, Settings, SinkSettings, load_settings
+from trainmedic.agent.notify import DEDUP_HEADER, Notifier, NotifyError, backoff_delay, dedup_key_of, parse_retry_after
+from trainmedic.agent.outbox import ItemState, Outbox
+from trainmedic.agent.run import build_agent, run_agent
+from trainmedic.agent.store import IncidentStore
+from trainmedic.agent.telemetry import Telemetry
 from trainmedic.events import DiagnosisEvent, Event, IncidentEvent, JobRef, Topic, make_event
 from trainmedic.models import (
     Action,
@@ -49,6 +47,8 @@ from trainmedic.models import (
     Severity,
     Source,
 )
+from trainmedic.reports import payloads
+from trainmedic.reports.notice import Notice
 
 BASE = 1_700_000_000.0
 SECRET = "s3cret-signing-key"
@@ -816,7 +816,7 @@ def test_a_missing_secret_env_refuses_to_build_the_notifier(tmp_path: Path) -> N
 
 
 def test_a_digest_key_is_stable_and_order_free() -> None:
-    from reports.notice import Notice
+    from trainmedic.reports.notice import Notice
 
     a = Notice.from_incident_event(incident_event("inc-1"))
     b = Notice.from_incident_event(incident_event("inc-2"))
@@ -1163,7 +1163,7 @@ def test_a_failure_page_leaves_the_single_use_approve_link_behind() -> None:
 @pytest.mark.asyncio
 @pytest.mark.parametrize(("lang", "text"), [("en", "Sink failed for good"), ("zh", "通知渠道永久失败")])
 async def test_the_report_timeline_names_the_page_through_the_other_sinks(h: Harness, lang: str, text: str) -> None:
-    from agent.reporting import render_incident
+    from trainmedic.agent.reporting import render_incident
 
     h.incident("inc-1")
     h.rx.default = Reply(404, "no_service")

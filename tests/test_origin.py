@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from detectors.diagnose import diagnose_paths, diagnose_text
-from detectors.engine import Engine
-from detectors.layout import place_of
+from trainmedic.detectors.diagnose import diagnose_paths, diagnose_text
+from trainmedic.detectors.engine import Engine
+from trainmedic.detectors.layout import place_of
 from trainmedic.models import FaultClass
 
 ELASTIC = """torch.distributed.elastic.multiprocessing.errors.ChildFailedError:

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from agent.outbox import ItemState, Outbox, OutboxError
-from agent.store import IncidentStore
-from remediations.policy_state import SqlitePolicyState
-from reports.notice import Notice
+from trainmedic.agent.outbox import ItemState, Outbox, OutboxError
+from trainmedic.agent.store import IncidentStore
+from trainmedic.remediations.policy_state import SqlitePolicyState
+from trainmedic.reports.notice import Notice
 
 
 def notice(incident: str = "inc-1", status: str = "acting", **over: object) -> Notice:

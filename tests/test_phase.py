@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from detectors.diagnose import diagnose_text
-from detectors.engine import Engine
-from detectors.phase import PhaseError, load_phase_markers, parse_phase_file
+from trainmedic.detectors.diagnose import diagnose_text
+from trainmedic.detectors.engine import Engine
+from trainmedic.detectors.phase import PhaseError, load_phase_markers, parse_phase_file
 from trainmedic.models import FaultClass
 
 NCCL_ERROR = (

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from detectors.diagnose import diagnose_paths
-from detectors.engine import Engine
+from trainmedic.detectors.diagnose import diagnose_paths
+from trainmedic.detectors.engine import Engine
 
 RUNS = Path(__file__).parent / "data" / "pytorch"
 # Runs a static read of the text cannot judge, and why (each is covered elsewhere).

@@ -25,12 +25,12 @@ import pytest_asyncio
 import yaml
 from servers.kube import JOB, NODE, VOLCANO_JOB, Cluster, KubeEmulator, require_kmock
 
-from agent.bus.memory import MemoryBus
-from agent.config import Role, Settings
-from agent.run import Agent, build_agent, run_agent
-from agent.store import IncidentStatus, IncidentStore
-from remediations.policy import load_policy
+from trainmedic.agent.bus.memory import MemoryBus
+from trainmedic.agent.config import Role, Settings
+from trainmedic.agent.run import Agent, build_agent, run_agent
+from trainmedic.agent.store import IncidentStatus, IncidentStore
 from trainmedic.events import JobRef, KernelBatch, Topic, make_event
+from trainmedic.remediations.policy import load_policy
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED_POLICY = ROOT / "remediations" / "policy.yaml"
@@ -341,7 +341,7 @@ async def test_a_pipeline_incident_reaches_every_sink_has_reports_and_is_served_
     import httpx
     from servers.receiver import Receiver, Reply
 
-    from reports.payloads import verify
+    from trainmedic.reports.payloads import verify
 
     c = env.cluster
     for n in ("gpu-1", "gpu-2", "gpu-3"):

@@ -26,15 +26,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.cli import main
-from agent.reporting import MAX_EVIDENCE, report_context, write_reports
-from agent.store import ActionState, IncidentStatus, IncidentStore
-from remediations.scene import SceneInputs, SceneSettings, save_scene
-from remediations.stacks import ExecResult
-from reports.chart import Series, decimate, sparkline, svg_chart
-from reports.report import LANGS, ReportError, labels, md_code, md_text, render_report
+from trainmedic.agent.cli import main
+from trainmedic.agent.reporting import MAX_EVIDENCE, report_context, write_reports
+from trainmedic.agent.store import ActionState, IncidentStatus, IncidentStore
 from trainmedic.events import DiagnosisEvent, JobRef
 from trainmedic.models import Action, Chip, Diagnosis, FaultClass, Finding, I18nText, RootCause, Severity, Source
+from trainmedic.remediations.scene import SceneInputs, SceneSettings, save_scene
+from trainmedic.remediations.stacks import ExecResult
+from trainmedic.reports.chart import Series, decimate, sparkline, svg_chart
+from trainmedic.reports.report import LANGS, ReportError, labels, md_code, md_text, render_report
 
 GOLDEN = Path(__file__).parent / "golden" / "reports"
 NOW = 1_767_225_600.0  # 2026-01-01T00:00:00Z
@@ -841,7 +841,7 @@ def test_evidence_is_capped(tmp_path: Path) -> None:
     ],
 )
 def test_lines_read_from_the_end_match_a_forward_read(rel: str, built: Built) -> None:
-    from agent.reporting import _Bundle
+    from trainmedic.agent.reporting import _Bundle
 
     bundle = _Bundle(str(built.scene_dir), [])
     total = bundle.line_counts[rel]
@@ -856,7 +856,7 @@ def test_lines_read_from_the_end_match_a_forward_read(rel: str, built: Built) ->
 
 
 def test_md_fence_outgrows_backticks_in_the_text() -> None:
-    from reports.report import md_fence
+    from trainmedic.reports.report import md_fence
 
     assert md_fence(["plain"]) == "```"
     assert md_fence(["ok\n  ````x", "```"]) == "`````"

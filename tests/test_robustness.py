@@ -16,8 +16,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent.cli import main
-from detectors.engine import Engine
+from trainmedic.agent.cli import main
+from trainmedic.detectors.engine import Engine
 from trainmedic.models import Finding
 
 XID_79 = b"kernel: NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, GPU has fallen off the bus.\n"
@@ -98,7 +98,7 @@ def test_engine_folds_100k_repeats(engine: Engine) -> None:
 
 def _example_prefix_soup() -> str:
     """Half of every shipped example line, all on one line: many partial matches, no full one."""
-    from detectors.loader import load_rules
+    from trainmedic.detectors.loader import load_rules
 
     halves = []
     for rule in load_rules().rules:
@@ -181,7 +181,7 @@ def _serve(monkeypatch: pytest.MonkeyPatch, engine: Engine) -> None:
         assert not rule_dirs
         return engine
 
-    monkeypatch.setattr("detectors.diagnose.make_engine", make_engine)
+    monkeypatch.setattr("trainmedic.detectors.diagnose.make_engine", make_engine)
 
 
 @pytest.fixture(params=["fast", "re"])

@@ -48,7 +48,7 @@ class AgentProcess:
     async def start(self) -> None:
         env = dict(os.environ, TRAINMEDIC_NODE_NAME=self.node, PYTHONUNBUFFERED="1")
         self.proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "agent", "run", "--config", str(self.config), "--role", self.role,
+            sys.executable, "-m", "trainmedic.agent", "run", "--config", str(self.config), "--role", self.role,
             cwd=ROOT, env=env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
         )  # fmt: skip
         self._reader = asyncio.create_task(self._read())

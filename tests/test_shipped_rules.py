@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from detectors.engine import Engine
-from detectors.loader import RuleSet, load_rules
-from detectors.schema import RuleStatus
+from trainmedic.detectors.engine import Engine
+from trainmedic.detectors.loader import RuleSet, load_rules
+from trainmedic.detectors.schema import RuleStatus
 from trainmedic.models import FaultClass
 
 _SHIPPED = load_rules(run_examples=False)

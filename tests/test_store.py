@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.store import ActionState, IncidentStatus, IncidentStore, StoreError
+from trainmedic.agent.store import ActionState, IncidentStatus, IncidentStore, StoreError
 
 
 def _open(store: IncidentStore, iid: str = "inc-0001", revision: int = 1) -> None:

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-import udal
-from detectors.correlator import correlate
-from detectors.engine import Engine
+from trainmedic import udal
+from trainmedic.detectors.correlator import correlate
+from trainmedic.detectors.engine import Engine
 from trainmedic.models import Chip, FaultClass
 
 _NVIDIA = udal.get_plugin(Chip.NVIDIA)
@@ -63,7 +63,7 @@ NOT_IN_VENDOR_TABLES = frozenset(
 
 
 def _emitted_codes() -> list[Any]:
-    from detectors.loader import load_rules
+    from trainmedic.detectors.loader import load_rules
 
     cases = []
     for rule in load_rules(run_examples=False).rules:
@@ -89,7 +89,7 @@ def test_codes_outside_vendor_tables_are_still_outside(code: str) -> None:
 
 
 def _family_codes() -> list[Any]:
-    from detectors.loader import load_rules
+    from trainmedic.detectors.loader import load_rules
 
     return [
         pytest.param(rule.id, ex.line, ex.code, id=f"{rule.id}:{ex.code}")

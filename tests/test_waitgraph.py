@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from detectors.diagnose import diagnose_paths
-from detectors.engine import Engine
+from trainmedic.detectors.diagnose import diagnose_paths
+from trainmedic.detectors.engine import Engine
 
 ROW = (
     "[ERROR] HCCL(3977573,python):2025-11-22-17:37:04.448.967 [hccl_socket_manager.cc:599] [3977663] "

@@ -11,7 +11,7 @@ import functools
 from collections.abc import Mapping
 
 from trainmedic.models import Action
-from udal.base import Catalog, ChipPlugin, TextIndex, load_catalog_text
+from trainmedic.udal.base import Catalog, ChipPlugin, TextIndex, load_catalog_text
 
 CATALOG = """\
 chip: zeta

@@ -74,7 +74,7 @@ class Chip(str, metaclass=_ChipType):
             return known
         if not CHIP_NAME.match(text):
             raise ValueError(f"{text!r} is not a chip name (lower-case letters, digits, _ and -)")
-        from udal.registry import is_chip  # the registry imports this module: asked at run time
+        from trainmedic.udal.registry import is_chip  # the registry imports this module: asked at run time
 
         if not is_chip(text):
             raise ValueError(f"{text!r} is not a chip: no chip plugin of that name is installed")

@@ -12,7 +12,7 @@ Ascend `0x80C98000`, `EI0002`, `EZ9999`, `E19999`, `acl:<n>`, `hccl:<n>`, `ERR02
 `cncl:<NAME>`, `cndev:<NAME>`, `cnrt:<cnrtRet_t name>`; generic `oom_killed`, ...; fake `fake:<n>`.
 """
 
-from udal.base import (
+from trainmedic.udal.base import (
     CORE_METRICS,
     GENERIC_CHIP_LABEL,
     METRIC_VOCABULARY,
@@ -25,7 +25,7 @@ from udal.base import (
     parse_catalog,
     parse_visible_devices,
 )
-from udal.registry import (
+from trainmedic.udal.registry import (
     ENTRY_POINT_GROUP,
     PluginError,
     builtin_plugins,

@@ -15,7 +15,7 @@ import re
 from collections.abc import Mapping
 
 from trainmedic.models import Action
-from udal.base import ChipPlugin, load_package_catalogs, pci_vendor_present
+from trainmedic.udal.base import ChipPlugin, load_package_catalogs, pci_vendor_present
 
 # MindCluster fault level -> normalized action (also the action_map of ascend_catalog.yaml).
 ACTION_MAP: Mapping[str, Action] = {

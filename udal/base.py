@@ -211,7 +211,7 @@ def load_catalog_text(text: str, filename: str) -> Catalog:
 def load_package_catalog(filename: str) -> Catalog:
     """Load a catalog shipped as package data next to the plugins (cached: loaded once)."""
     try:
-        text = resources.files("udal").joinpath(filename).read_text(encoding="utf-8")
+        text = resources.files("trainmedic.udal").joinpath(filename).read_text(encoding="utf-8")
     except FileNotFoundError as exc:
         raise CatalogError(f"{filename}: catalog file not found in package udal") from exc
     # Parsed and validated once per content: later processes unpickle it (trainmedic/cache.py).

@@ -19,7 +19,7 @@ import re
 from collections.abc import Mapping
 
 from trainmedic.models import Action
-from udal.base import ChipPlugin, pci_vendor_present
+from trainmedic.udal.base import ChipPlugin, pci_vendor_present
 
 # Cambricon publishes no resolution bucket for these codes: no vendor bucket to normalize.
 ACTION_MAP: Mapping[str, Action] = {}

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from trainmedic.models import Action, Chip
-from udal.base import ChipPlugin
+from trainmedic.udal.base import ChipPlugin
 
 ACTION_MAP: Mapping[str, Action] = {
     "RESTART": Action.RESTART_APP,

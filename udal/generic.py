@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from trainmedic.models import Action
-from udal.base import ChipPlugin
+from trainmedic.udal.base import ChipPlugin
 
 
 class GenericPlugin(ChipPlugin):

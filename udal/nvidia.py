@@ -15,7 +15,7 @@ import re
 from collections.abc import Mapping
 
 from trainmedic.models import Action
-from udal.base import ChipPlugin, pci_vendor_present
+from trainmedic.udal.base import ChipPlugin, pci_vendor_present
 
 # Vendor bucket (Xid catalog "Resolution Bucket (Immediate Action)") -> normalized action.
 # The same table heads nvidia_catalog.yaml (action_map); the loader checks every row against it.

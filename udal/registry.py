@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trainmedic.models import CHIP_NAME, Chip
-from udal.base import CatalogEntry, ChipPlugin
+from trainmedic.udal.base import CatalogEntry, ChipPlugin
 
 if TYPE_CHECKING:
     from importlib.metadata import EntryPoint

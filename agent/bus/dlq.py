@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import logging
 
-from agent.bus.base import Bus, Record
-from agent.telemetry import Telemetry
+from trainmedic.agent.bus.base import Bus, Record
+from trainmedic.agent.telemetry import Telemetry
 from trainmedic.events import SCHEMA_VERSION, DeadLetter, Event, EventError, Topic, decode, make_event
 
 log = logging.getLogger("trainmedic.bus")

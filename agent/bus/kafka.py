@@ -54,8 +54,8 @@ from aiokafka.errors import (
 from aiokafka.partitioner import murmur2
 from aiokafka.structs import TopicPartition as KafkaTP
 
-from agent.bus.base import Bus, Consumer, Record, TopicPartition
-from agent.telemetry import Telemetry
+from trainmedic.agent.bus.base import Bus, Consumer, Record, TopicPartition
+from trainmedic.agent.telemetry import Telemetry
 from trainmedic.backoff import backoff_delay
 from trainmedic.events import MAX_MESSAGE_BYTES, DeadLetter, Event, Topic, make_event
 from trainmedic.ratelog import RateLimitedLog

@@ -26,8 +26,8 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from agent.bus.base import Bus, Consumer, Record, TopicPartition, partition_for
-from agent.telemetry import Telemetry
+from trainmedic.agent.bus.base import Bus, Consumer, Record, TopicPartition, partition_for
+from trainmedic.agent.telemetry import Telemetry
 from trainmedic.events import Event
 
 # What one record costs beyond its key and value (tuple, ints, deque slot): counted in the byte bound.

@@ -6,6 +6,6 @@ their auth to the console (agent/console/views.py), which accepts a signed sessi
 CSRF token on every form) or the API's bearer token. See docs/console.md.
 """
 
-from agent.console.views import ReleaseNode, mount_console
+from trainmedic.agent.console.views import ReleaseNode, mount_console
 
 __all__ = ["ReleaseNode", "mount_console"]

@@ -10,10 +10,10 @@ from fastapi import Request
 from fastapi.responses import HTMLResponse, RedirectResponse
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
 
-from agent.config import ApiSettings
-from agent.console import parts
-from reports.notice import ACTION_STATE_TEXT, FAULT_TEXT, STATUS_TEXT, label
+from trainmedic.agent.config import ApiSettings
+from trainmedic.agent.console import parts
 from trainmedic.datafile import load_yaml
+from trainmedic.reports.notice import ACTION_STATE_TEXT, FAULT_TEXT, STATUS_TEXT, label
 
 PREFIX = "/console"
 LANG_COOKIE = "trainmedic_lang"
@@ -44,7 +44,7 @@ def _labels() -> dict[str, dict[str, str]]:
 LABELS = _labels()
 
 _env = Environment(
-    loader=PackageLoader("agent.console", "templates"),
+    loader=PackageLoader("trainmedic.agent.console", "templates"),
     undefined=StrictUndefined,
     autoescape=select_autoescape(default=True, default_for_string=True),
     trim_blocks=True,

@@ -8,8 +8,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from agent.store import Incident
-from reports.notice import clean_text
+from trainmedic.agent.store import Incident
+from trainmedic.reports.notice import clean_text
 
 MAX_EVIDENCE = 20
 MAX_SCENE_FILES = 300
@@ -32,7 +32,7 @@ def size(nbytes: int) -> str:
 
 
 def redacted(value: Any) -> Any:
-    from remediations.scene import redact_object
+    from trainmedic.remediations.scene import redact_object
 
     return redact_object(value)
 

@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from agent.config import ApiSettings, secret_setting
+from trainmedic.agent.config import ApiSettings, secret_setting
 
 log = logging.getLogger("trainmedic.console")
 

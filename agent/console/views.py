@@ -35,10 +35,10 @@ from urllib.parse import urlencode
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 
-from agent.authlimit import AuthFailures, client_address
-from agent.config import ApiSettings
-from agent.console import parts
-from agent.console.pages import (
+from trainmedic.agent.authlimit import AuthFailures, client_address
+from trainmedic.agent.config import ApiSettings
+from trainmedic.agent.console import parts
+from trainmedic.agent.console.pages import (
     HEADERS,
     LABELS,
     PREFIX,
@@ -51,7 +51,7 @@ from agent.console.pages import (
     refusal_page,
     secure_cookie,
 )
-from agent.console.security import (
+from trainmedic.agent.console.security import (
     MAX_NAME_CHARS,
     SESSION_COOKIE,
     LinkProblem,
@@ -60,8 +60,8 @@ from agent.console.security import (
     Sessions,
     console_key,
 )
-from agent.store import LIST_FILTERS, Incident, IncidentStatus, IncidentStore, LinkUsedError, StoreError
-from reports.notice import STATUS_TEXT, clean_text, label
+from trainmedic.agent.store import LIST_FILTERS, Incident, IncidentStatus, IncidentStore, LinkUsedError, StoreError
+from trainmedic.reports.notice import STATUS_TEXT, clean_text, label
 
 log = logging.getLogger("trainmedic.console")
 
@@ -479,7 +479,7 @@ def mount_console(
 
     @router.post("/incidents/{incident_id}/release")
     async def release_route(request: Request, incident_id: str) -> Response:
-        from remediations.kube import KubeError
+        from trainmedic.remediations.kube import KubeError
 
         form = await form_of(request)
         actor = console.actor(request, form)

@@ -70,7 +70,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mappin
 from dataclasses import dataclass, field
 from typing import Any
 
-from remediations.stacks import PROCESS_LIST_SCRIPT
+from trainmedic.remediations.stacks import PROCESS_LIST_SCRIPT
 from trainmedic.timefmt import rfc3339, rfc3339nano
 
 try:

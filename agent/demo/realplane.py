@@ -38,11 +38,11 @@ from typing import Any
 
 import yaml
 
-from agent.demo.logs import HFTrainerLog, xid79_message
-from agent.demo.output import Progress
-from agent.demo.plane import MAKE_CLUSTER, ROOT, FakeNode, KubePlane, bin_dir, missing
-from agent.demo.receiver import WebhookReceiver
-from agent.demo.scenario import (
+from trainmedic.agent.demo.logs import HFTrainerLog, xid79_message
+from trainmedic.agent.demo.output import Progress
+from trainmedic.agent.demo.plane import MAKE_CLUSTER, ROOT, FakeNode, KubePlane, bin_dir, missing
+from trainmedic.agent.demo.receiver import WebhookReceiver
+from trainmedic.agent.demo.scenario import (
     MOUNT,
     SCENARIOS,
     FaultResult,
@@ -52,8 +52,8 @@ from agent.demo.scenario import (
     demo_settings,
     read_reports,
 )
-from agent.demo.training import NodeKernelLogs, write_hf_checkpoint
-from agent.store import IncidentStatus, IncidentStore
+from trainmedic.agent.demo.training import NodeKernelLogs, write_hf_checkpoint
+from trainmedic.agent.store import IncidentStatus, IncidentStore
 from trainmedic.errors import TrainmedicError
 
 __all__ = ["REAL_FAULTS", "RealPlaneDemo", "RealPlaneUnavailable", "run_real_fault", "unavailable_reason"]
@@ -239,9 +239,9 @@ class RealPlaneDemo:
                 result.warnings.append(f"the plane was not reset after the fault: {e}")
 
     async def _start_agents(self, settings: Any, kernels: NodeKernelLogs) -> _Agents:
-        from agent.bus.memory import MemoryBus
-        from agent.config import Role
-        from agent.run import build_agent, run_agent
+        from trainmedic.agent.bus.memory import MemoryBus
+        from trainmedic.agent.config import Role
+        from trainmedic.agent.run import build_agent, run_agent
 
         p = self.plane
         bus = MemoryBus(partitions=4)
@@ -478,7 +478,7 @@ class RealPlaneDemo:
     async def _release(self) -> None:
         """Our quarantines undone, as `trainmedic release-node` does (taint, label, annotations,
         condition, cordon), so that the next fault starts on three schedulable nodes."""
-        from remediations.kube import KubeOps
+        from trainmedic.remediations.kube import KubeOps
 
         api = self.plane.api_client()
         ops = KubeOps(api)
@@ -569,7 +569,7 @@ async def run_real_fault(
     timeout_s: float = 240.0,
 ) -> FaultResult:
     """One fault on the real plane, end to end; never raises for what went wrong in the run."""
-    from agent.demo.scenario import conclude
+    from trainmedic.agent.demo.scenario import conclude
 
     sc = SCENARIOS[fault]
     result = FaultResult(fault=fault, workdir=str(workdir))

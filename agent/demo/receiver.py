@@ -102,7 +102,7 @@ class WebhookReceiver:
         if self.secret is None:
             return None
         try:
-            from reports.payloads import verify  # the agent's own verifier (the ops integration)
+            from trainmedic.reports.payloads import verify  # the agent's own verifier (the ops integration)
         except ImportError:
             return None
         lowered = {k.lower(): v for k, v in headers.items()}

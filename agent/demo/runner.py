@@ -19,12 +19,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
-from agent.demo.output import Lang, Progress, duration, text
-from agent.demo.scenario import FAULTS, FaultResult, Inspect, run_fault
+from trainmedic.agent.demo.output import Lang, Progress, duration, text
+from trainmedic.agent.demo.scenario import FAULTS, FaultResult, Inspect, run_fault
 from trainmedic.errors import TrainmedicError
 
 if TYPE_CHECKING:
-    from agent.demo.receiver import WebhookReceiver
+    from trainmedic.agent.demo.receiver import WebhookReceiver
 
 __all__ = [
     "CLUSTERS",
@@ -102,7 +102,7 @@ async def run_demo(
     """Run the faults one after another (each on a fresh cluster and agent) and return their results.
     Progress lines (or, with `json_lines`, one JSON object per fault) go to `out` (stdout). With
     `cluster="real"`, on one real control plane for the run (agent/demo/realplane.py)."""
-    from agent.demo.emulator import kmock_available
+    from trainmedic.agent.demo.emulator import kmock_available
 
     if cluster not in CLUSTERS:
         raise ValueError(f"unknown cluster {cluster!r}; choose from {', '.join(CLUSTERS)}")
@@ -111,7 +111,7 @@ async def run_demo(
     if unknown:
         raise ValueError(f"unknown fault(s) {', '.join(unknown)}")
     if cluster == "real":
-        from agent.demo.realplane import unavailable_reason
+        from trainmedic.agent.demo.realplane import unavailable_reason
 
         reason = unavailable_reason()  # before anything is made: a clear refusal, nothing left behind
         if reason is not None:
@@ -157,7 +157,7 @@ Prepare = Callable[[Path, Progress], AbstractAsyncContextManager[RunOne]]
 @contextlib.asynccontextmanager
 async def _real_plane(root: Path, progress: Progress, timeout_s: float) -> AsyncIterator[RunOne]:
     """One real control plane for the whole run (agent/demo/realplane.py)."""
-    from agent.demo.realplane import RealPlaneDemo, RealPlaneUnavailable, run_real_fault
+    from trainmedic.agent.demo.realplane import RealPlaneDemo, RealPlaneUnavailable, run_real_fault
 
     demo = RealPlaneDemo(fresh_dir(root, "plane"), progress)
     try:
@@ -187,7 +187,7 @@ async def _drive(
 ) -> DemoOutcome:
     """The run both clusters share: the work folder, the progress heading, the local webhook
     receiver, each fault in a fresh folder (one JSON line each with `json_lines`), the summary."""
-    from agent.demo.receiver import WebhookReceiver
+    from trainmedic.agent.demo.receiver import WebhookReceiver
 
     stream = out if out is not None else sys.stdout
     root = workdir if workdir is not None else Path(tempfile.mkdtemp(prefix=prefix))

@@ -42,10 +42,10 @@ from typing import Any
 
 import yaml
 
-from agent.bus.memory import MemoryBus
-from agent.config import Role, Settings
-from agent.demo.emulator import JOB, NODE, VOLCANO_JOB, Cluster, KubeEmulator
-from agent.demo.logs import (
+from trainmedic.agent.bus.memory import MemoryBus
+from trainmedic.agent.config import Role, Settings
+from trainmedic.agent.demo.emulator import JOB, NODE, VOLCANO_JOB, Cluster, KubeEmulator
+from trainmedic.agent.demo.logs import (
     cuda_oom_lines,
     hccl_ei0006_lines,
     key_error_lines,
@@ -53,10 +53,10 @@ from agent.demo.logs import (
     torchrun_peer_stop_lines,
     xid79_message,
 )
-from agent.demo.output import Progress, duration
-from agent.demo.receiver import WebhookReceiver
-from agent.demo.training import Controllers, Incarnation, JobProfile, NodeKernelLogs, TrainingRun, World
-from agent.store import Incident, IncidentStatus, IncidentStore
+from trainmedic.agent.demo.output import Progress, duration
+from trainmedic.agent.demo.receiver import WebhookReceiver
+from trainmedic.agent.demo.training import Controllers, Incarnation, JobProfile, NodeKernelLogs, TrainingRun, World
+from trainmedic.agent.store import Incident, IncidentStatus, IncidentStore
 
 __all__ = ["FAULTS", "SCENARIOS", "DemoCluster", "FaultResult", "Inspect", "Scenario", "run_fault"]
 
@@ -564,7 +564,7 @@ def volcano_body(cluster: Cluster, sc: Scenario) -> dict[str, Any]:
 
 def demo_policy(path: Path) -> Path:
     """The shipped policy in enforce mode, with a 0.2 s backoff between restarts instead of 1 min."""
-    from remediations.policy import POLICY_FILE, load_policy
+    from trainmedic.remediations.policy import POLICY_FILE, load_policy
 
     data = yaml.safe_load(POLICY_FILE.read_text(encoding="utf-8"))
     data["mode"] = "enforce"
@@ -663,7 +663,7 @@ async def _run(
     result: FaultResult,
     inspect: Inspect | None,
 ) -> None:
-    from agent.run import build_agent, run_agent
+    from trainmedic.agent.run import build_agent, run_agent
 
     secret = secrets.token_hex(16)
     if receiver is not None:

@@ -35,11 +35,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from agent.bus.base import Bus
-from agent.demo.emulator import JOB, NODE, VOLCANO_JOB, Cluster, FakeProcess, KubeApiError, rfc3339
-from agent.demo.logs import HFTrainerLog, MegatronLog, hang_stack, kern_log_line
-from agent.jobindex import JobIndex, rank_of
-from agent.telemetry import Telemetry
+from trainmedic.agent.bus.base import Bus
+from trainmedic.agent.demo.emulator import JOB, NODE, VOLCANO_JOB, Cluster, FakeProcess, KubeApiError, rfc3339
+from trainmedic.agent.demo.logs import HFTrainerLog, MegatronLog, hang_stack, kern_log_line
+from trainmedic.agent.jobindex import JobIndex, rank_of
+from trainmedic.agent.telemetry import Telemetry
 
 __all__ = [
     "ACCELERATORS",
@@ -692,7 +692,7 @@ class NodeKernelLogs:
         self, *, bus: Bus, job_index: JobIndex, telemetry: Telemetry, poll_interval: float = 0.1
     ) -> dict[str, Callable[[], Awaitable[None]]]:
         """The node agent's kernel source for each node (agent/watchers/kernel.py), as components."""
-        from agent.watchers.kernel import KernelFileSource
+        from trainmedic.agent.watchers.kernel import KernelFileSource
 
         out: dict[str, Callable[[], Awaitable[None]]] = {}
         for n in self.nodes:

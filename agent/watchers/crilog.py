@@ -48,10 +48,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agent.bus.base import Bus
-from agent.jobindex import JobIndex
-from agent.telemetry import Telemetry
-from agent.watchers.follow import FileFollower, FileId, PositionSaver, PositionStore, Rfc3339, Segment, StartAt
+from trainmedic.agent.bus.base import Bus
+from trainmedic.agent.jobindex import JobIndex
+from trainmedic.agent.telemetry import Telemetry
+from trainmedic.agent.watchers.follow import (
+    FileFollower,
+    FileId,
+    PositionSaver,
+    PositionStore,
+    Rfc3339,
+    Segment,
+    StartAt,
+)
 from trainmedic.backoff import Backoff, poll_forever, retry_until_done
 from trainmedic.events import MAX_MESSAGE_BYTES, Event, JobRef, LogBatch, Topic, make_event
 

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
-    from agent.telemetry import Telemetry
+    from trainmedic.agent.telemetry import Telemetry
 
 log = logging.getLogger("trainmedic.watchers.follow")
 

@@ -73,10 +73,9 @@ import urllib3.util
 from kubernetes import client as kclient
 from kubernetes.client.exceptions import ApiException
 
-from agent.bus.base import Bus
-from agent.jobindex import JobIndex, PodInfo, pod_info
-from agent.telemetry import Telemetry
-from remediations.kube import api_message, own_client, retry_after
+from trainmedic.agent.bus.base import Bus
+from trainmedic.agent.jobindex import JobIndex, PodInfo, pod_info
+from trainmedic.agent.telemetry import Telemetry
 from trainmedic.backoff import Backoff, backoff_delay
 from trainmedic.errors import PermanentError, TemporaryError, TrainmedicError
 from trainmedic.events import (
@@ -91,11 +90,12 @@ from trainmedic.events import (
 )
 from trainmedic.models import Source
 from trainmedic.quantity import parse_quantity
+from trainmedic.remediations.kube import api_message, own_client, retry_after
 from trainmedic.timefmt import parse_rfc3339_ns
-from udal.registry import detect_chip, load_plugins, plugin_of_resource
+from trainmedic.udal.registry import detect_chip, load_plugins, plugin_of_resource
 
 if TYPE_CHECKING:
-    from detectors.diagnose import LogInput
+    from trainmedic.detectors.diagnose import LogInput
 
 log = logging.getLogger("trainmedic.watchers.k8s")
 
@@ -507,7 +507,7 @@ NODE_LIFECYCLE_TAINTS = (
 def pod_status_input(pod: Mapping[str, Any]) -> LogInput | None:
     """A pod object's status as one attributed diagnose input (its canonical lines, its pod,
     namespace, node and rank), or None when the status says nothing the rules read."""
-    from detectors.diagnose import LogInput
+    from trainmedic.detectors.diagnose import LogInput
 
     status = pod_digest(pod).status()
     lines = pod_status_lines(status)

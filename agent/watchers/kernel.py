@@ -40,10 +40,10 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
-from agent.bus.base import Bus
-from agent.jobindex import JobIndex
-from agent.telemetry import Telemetry
-from agent.watchers.follow import (
+from trainmedic.agent.bus.base import Bus
+from trainmedic.agent.jobindex import JobIndex
+from trainmedic.agent.telemetry import Telemetry
+from trainmedic.agent.watchers.follow import (
     FileFollower,
     FileId,
     PositionSaver,

@@ -39,15 +39,15 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from agent.bus.base import Bus
-from agent.jobindex import JobIndex
-from agent.telemetry import Telemetry
+from trainmedic.agent.bus.base import Bus
+from trainmedic.agent.jobindex import JobIndex
+from trainmedic.agent.telemetry import Telemetry
 from trainmedic.backoff import backoff_delay
 from trainmedic.errors import TemporaryError
 from trainmedic.events import Event, JobRef, MetricBatch, MetricSample, Topic, make_event
 from trainmedic.models import Chip
-from udal.base import ChipPlugin
-from udal.registry import exporter_device_labels, load_plugins
+from trainmedic.udal.base import ChipPlugin
+from trainmedic.udal.registry import exporter_device_labels, load_plugins
 
 log = logging.getLogger("trainmedic.watchers.metrics")
 

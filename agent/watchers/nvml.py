@@ -32,10 +32,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from agent.bus.base import Bus
-from agent.jobindex import JobIndex
-from agent.telemetry import Telemetry
-from agent.watchers.metrics import fan_out
+from trainmedic.agent.bus.base import Bus
+from trainmedic.agent.jobindex import JobIndex
+from trainmedic.agent.telemetry import Telemetry
+from trainmedic.agent.watchers.metrics import fan_out
 from trainmedic.errors import PermanentError
 from trainmedic.events import Event, MetricBatch, MetricSample, Topic
 

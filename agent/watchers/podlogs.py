@@ -42,10 +42,10 @@ from typing import Any, Literal
 from kubernetes import client as kclient
 from kubernetes.client.exceptions import ApiException
 
-from agent.bus.base import Bus
-from agent.jobindex import JobIndex, PodInfo, pod_info
-from agent.telemetry import Telemetry
-from agent.watchers.k8s import (
+from trainmedic.agent.bus.base import Bus
+from trainmedic.agent.jobindex import JobIndex, PodInfo, pod_info
+from trainmedic.agent.telemetry import Telemetry
+from trainmedic.agent.watchers.k8s import (
     PODS,
     Handler,
     LineStream,

@@ -18,8 +18,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from remediations.actions import dump_stacks, notify, quarantine_node, raise_memory_limit, restart_from_checkpoint
-from remediations.actions.base import ActionCall, ActionDef, Entry, Journal, Runtime
+from trainmedic.remediations.actions import (
+    dump_stacks,
+    notify,
+    quarantine_node,
+    raise_memory_limit,
+    restart_from_checkpoint,
+)
+from trainmedic.remediations.actions.base import ActionCall, ActionDef, Entry, Journal, Runtime
 
 ACTIONS: Mapping[str, ActionDef] = MappingProxyType(
     {

@@ -14,12 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ParamSpec, Protocol, TypeVar
 
-from remediations.kube import KubeOps
-from remediations.policy import Policy, PolicyContext
-from remediations.policy_state import PolicyState
-from remediations.stacks import StackSource
 from trainmedic.events import JobRef
 from trainmedic.models import RootCause
+from trainmedic.remediations.kube import KubeOps
+from trainmedic.remediations.policy import Policy, PolicyContext
+from trainmedic.remediations.policy_state import PolicyState
+from trainmedic.remediations.stacks import StackSource
 
 P = ParamSpec("P")
 T = TypeVar("T")

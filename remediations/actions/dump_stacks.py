@@ -21,10 +21,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from remediations.actions.base import ActionCall, ActionDef
-from remediations.policy import DumpStacksSpec
-from remediations.scene import redact_text
-from remediations.stacks import StackDump, dump_stacks
+from trainmedic.remediations.actions.base import ActionCall, ActionDef
+from trainmedic.remediations.policy import DumpStacksSpec
+from trainmedic.remediations.scene import redact_text
+from trainmedic.remediations.stacks import StackDump, dump_stacks
 
 log = logging.getLogger("trainmedic.responder")
 

@@ -3,8 +3,8 @@ the responder publishes; the action itself only records that, and whether a pers
 
 from __future__ import annotations
 
-from remediations.actions.base import ActionCall, ActionDef
-from remediations.policy import NotifySpec
+from trainmedic.remediations.actions.base import ActionCall, ActionDef
+from trainmedic.remediations.policy import NotifySpec
 
 TOPIC = "trainmedic.incidents"
 

@@ -25,10 +25,10 @@ import dataclasses
 import logging
 from typing import Any
 
-from remediations.actions.base import ActionCall, ActionDef
-from remediations.errors import ActionBlocked
-from remediations.kube import KubeOps
-from remediations.policy import (
+from trainmedic.remediations.actions.base import ActionCall, ActionDef
+from trainmedic.remediations.errors import ActionBlocked
+from trainmedic.remediations.kube import KubeOps
+from trainmedic.remediations.policy import (
     CLAIM_ANNOTATION,
     RESERVATION_HOLD_S,
     Policy,

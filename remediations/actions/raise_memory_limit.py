@@ -3,9 +3,9 @@
 
 from __future__ import annotations
 
-from remediations.actions import restart_from_checkpoint
-from remediations.actions.base import ActionDef
-from remediations.policy import RaiseMemorySpec
+from trainmedic.remediations.actions import restart_from_checkpoint
+from trainmedic.remediations.actions.base import ActionDef
+from trainmedic.remediations.policy import RaiseMemorySpec
 
 ACTION = ActionDef(
     name="raise_memory_limit",

@@ -21,13 +21,13 @@ import logging
 from collections.abc import Mapping
 from typing import Any, NoReturn
 
-from remediations import workloads as wl
-from remediations.actions.base import ActionCall, ActionDef
-from remediations.errors import ActionBlocked, PermanentActionError, StalePlan, TemporaryActionError
-from remediations.kube import ConflictError, PermanentKubeError
-from remediations.policy import RestartSpec
-from remediations.scene import redact_object
 from trainmedic.events import JobRef
+from trainmedic.remediations import workloads as wl
+from trainmedic.remediations.actions.base import ActionCall, ActionDef
+from trainmedic.remediations.errors import ActionBlocked, PermanentActionError, StalePlan, TemporaryActionError
+from trainmedic.remediations.kube import ConflictError, PermanentKubeError
+from trainmedic.remediations.policy import RestartSpec
+from trainmedic.remediations.scene import redact_object
 
 log = logging.getLogger("trainmedic.responder")
 

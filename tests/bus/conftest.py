@@ -21,10 +21,10 @@ from servers import kafka as apache
 from servers.kafka import KafkaBroker
 from servers.tansu import TansuBroker, tansu_binary
 
-from agent.bus.base import Bus, Consumer, Record
-from agent.bus.kafka import KafkaBus
-from agent.bus.memory import MemoryBus
-from agent.telemetry import Telemetry
+from trainmedic.agent.bus.base import Bus, Consumer, Record
+from trainmedic.agent.bus.kafka import KafkaBus
+from trainmedic.agent.bus.memory import MemoryBus
+from trainmedic.agent.telemetry import Telemetry
 from trainmedic.events import Event, LogBatch, make_event
 
 PARTITIONS = 4

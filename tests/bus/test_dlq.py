@@ -13,11 +13,11 @@ import logging
 
 import pytest
 
-from agent.bus.base import Bus, Record
-from agent.bus.dlq import HEAD_BYTES, decode_record, reason_label, set_aside
-from agent.bus.memory import MemoryBus
-from agent.telemetry import Telemetry
 from bus.conftest import log_event, seq_of, started
+from trainmedic.agent.bus.base import Bus, Record
+from trainmedic.agent.bus.dlq import HEAD_BYTES, decode_record, reason_label, set_aside
+from trainmedic.agent.bus.memory import MemoryBus
+from trainmedic.agent.telemetry import Telemetry
 from trainmedic.events import MAX_MESSAGE_BYTES, DeadLetter, Event, Topic, decode
 
 

@@ -22,10 +22,10 @@ from aiokafka.partitioner import DefaultPartitioner
 from servers.kafka import kafka_version
 from servers.tansu import free_port
 
-from agent.bus.base import Bus, Consumer, Record, TopicPartition
-from agent.bus.kafka import KafkaBus, backoff, check_compression, kafka_partition
-from agent.telemetry import Telemetry
 from bus.conftest import PARTITIONS, Broker, collect, kafka_bus, log_event, seq_of, started
+from trainmedic.agent.bus.base import Bus, Consumer, Record, TopicPartition
+from trainmedic.agent.bus.kafka import KafkaBus, backoff, check_compression, kafka_partition
+from trainmedic.agent.telemetry import Telemetry
 from trainmedic.events import Topic, decode
 
 # -- the contract, on both buses ------------------------------------------------------------------------

@@ -10,9 +10,9 @@ import asyncio
 
 import pytest
 
-from agent.bus.base import OffsetTracker, Record, TopicPartition, partition_for
-from agent.bus.memory import MemoryBus
 from bus.conftest import log_event, seq_of
+from trainmedic.agent.bus.base import OffsetTracker, Record, TopicPartition, partition_for
+from trainmedic.agent.bus.memory import MemoryBus
 from trainmedic.events import decode
 
 TP: TopicPartition = ("t", 0)

@@ -10,9 +10,9 @@ import asyncio
 
 import pytest
 
-from agent.bus.memory import RECORD_OVERHEAD, MemoryBus
-from agent.telemetry import Telemetry
 from bus.conftest import log_event
+from trainmedic.agent.bus.memory import RECORD_OVERHEAD, MemoryBus
+from trainmedic.agent.telemetry import Telemetry
 
 
 async def _drain(bus: MemoryBus, topic: str, group: str, n: int) -> int:
@@ -128,8 +128,8 @@ async def test_a_topic_nobody_reads_keeps_a_small_window(
 async def test_the_embedded_bus_keeps_a_topic_nobody_reads_small(partitions: int, size: int) -> None:
     """As `--role all` builds it: findings, incidents and the DLQ nobody reads in one process keep at
     most 1,000 records and 1 MiB a topic, whatever comes (not 10,000 records / 16 MB a topic)."""
-    from agent.config import Settings
-    from agent.run import make_bus
+    from trainmedic.agent.config import Settings
+    from trainmedic.agent.run import make_bus
 
     bus = make_bus(Settings.model_validate({"bus": {"kind": "memory", "partitions": partitions}}), Telemetry())
     assert isinstance(bus, MemoryBus)

@@ -18,13 +18,13 @@ from typing import Any
 import yaml
 from servers.kubeplane import KubePlane
 
-from agent.bus.memory import MemoryBus
-from agent.config import Role, Settings
-from agent.run import Agent, build_agent, run_agent
-from agent.store import IncidentStatus, IncidentStore
-from remediations.kube import TAINT_KEY, KubeOps
-from remediations.policy import load_policy
+from trainmedic.agent.bus.memory import MemoryBus
+from trainmedic.agent.config import Role, Settings
+from trainmedic.agent.run import Agent, build_agent, run_agent
+from trainmedic.agent.store import IncidentStatus, IncidentStore
 from trainmedic.events import JobRef, KernelBatch, Topic, make_event
+from trainmedic.remediations.kube import TAINT_KEY, KubeOps
+from trainmedic.remediations.policy import load_policy
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED_POLICY = ROOT / "remediations" / "policy.yaml"

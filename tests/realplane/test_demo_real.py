@@ -30,7 +30,7 @@ def test_the_demo_heals_the_fault_on_the_real_plane(tmp_path: Path, arg: str, fa
     require_plane()
     argv = ["demo", "--cluster", "real", "--fault", arg, "--json", "--workdir", str(tmp_path)]
     proc = subprocess.run(
-        [sys.executable, "-m", "agent", *argv],
+        [sys.executable, "-m", "trainmedic.agent", *argv],
         check=False,
         cwd=ROOT,
         capture_output=True,

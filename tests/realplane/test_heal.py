@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from servers.kubeplane import KubePlane
 
-from agent.store import IncidentStatus
+from trainmedic.agent.store import IncidentStatus
 
 from .plane import (
     TAINT_KEY,
@@ -105,7 +105,7 @@ async def test_a_failed_node_is_avoided_and_the_job_resumes_elsewhere(
 
 
 async def test_the_real_scheduler_keeps_new_pods_off_a_quarantined_node(fresh: KubePlane, tmp_path: Path) -> None:
-    from remediations.kube import KubeOps
+    from trainmedic.remediations.kube import KubeOps
 
     plane = fresh
     api = plane.api_client(plane.service_account_token("trainmedic", "trainmedic-brain"))

@@ -15,7 +15,7 @@ import pytest
 import pytest_asyncio
 from servers.kubeplane import KubePlane
 
-from agent.cli import main
+from trainmedic.agent.cli import main
 
 from .plane import GPU, TRAINING, clean, create_job, job_body, post_node_addresses, running_on, until
 

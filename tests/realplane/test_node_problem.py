@@ -14,8 +14,8 @@ import pytest
 import pytest_asyncio
 from servers.kubeplane import KubePlane
 
-from remediations.kube import PROBLEM_ACCELERATOR, KubeOps
 from trainmedic.models import FaultClass, I18nText
+from trainmedic.remediations.kube import PROBLEM_ACCELERATOR, KubeOps
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(300)]
 

@@ -18,10 +18,10 @@ from kubernetes.client.exceptions import ApiException
 from servers.kube import EventRecorder
 from servers.kubeplane import KubePlane
 
-from agent.jobindex import JobIndex
-from agent.telemetry import Telemetry
-from agent.watchers.k8s import KubeWatchers
-from remediations.kube import KubeForbidden, KubeOps
+from trainmedic.agent.jobindex import JobIndex
+from trainmedic.agent.telemetry import Telemetry
+from trainmedic.agent.watchers.k8s import KubeWatchers
+from trainmedic.remediations.kube import KubeForbidden, KubeOps
 
 from .plane import CUSTOM_KINDS, TRAINING, clean, create_job, job_body, running_on, until
 

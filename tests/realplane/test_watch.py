@@ -17,9 +17,9 @@ import pytest_asyncio
 from servers.kube import EventRecorder
 from servers.kubeplane import KubePlane
 
-from agent.jobindex import JobIndex
-from agent.telemetry import Telemetry
-from agent.watchers.k8s import KubeWatchers, WatchSettings
+from trainmedic.agent.jobindex import JobIndex
+from trainmedic.agent.telemetry import Telemetry
+from trainmedic.agent.watchers.k8s import KubeWatchers, WatchSettings
 from trainmedic.events import PodStatus
 
 from .plane import TRAINING, clean, until

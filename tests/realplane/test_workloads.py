@@ -26,10 +26,10 @@ import pytest
 from servers.kube import EventRecorder
 from servers.kubeplane import KubePlane
 
-from agent.jobindex import JobIndex
-from agent.store import IncidentStatus
-from agent.telemetry import Telemetry
-from agent.watchers.k8s import KubeWatchers
+from trainmedic.agent.jobindex import JobIndex
+from trainmedic.agent.store import IncidentStatus
+from trainmedic.agent.telemetry import Telemetry
+from trainmedic.agent.watchers.k8s import KubeWatchers
 from trainmedic.events import JobRef, WorkloadStatus
 
 from .plane import (

@@ -14,7 +14,7 @@ import pytest
 import pytest_asyncio
 from servers.kube import Cluster, KubeEmulator, kmock, require_kmock
 
-from remediations.kube import KubeOps
+from trainmedic.remediations.kube import KubeOps
 
 NODES = "v1/nodes"
 PODS = "v1/pods"

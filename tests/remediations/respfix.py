@@ -20,14 +20,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent.bus.memory import MemoryBus
-from agent.responder import Responder, ResponderSettings
-from agent.store import ActionState, IncidentStore
-from remediations.kube import TAINT_EFFECT, TAINT_KEY, ConflictError, QuarantineResult
-from remediations.policy import Policy, parse_policy
-from remediations.policy_state import MemoryPolicyState
+from trainmedic.agent.bus.memory import MemoryBus
+from trainmedic.agent.responder import Responder, ResponderSettings
+from trainmedic.agent.store import ActionState, IncidentStore
 from trainmedic.events import DiagnosisEvent, JobRef, job_key
 from trainmedic.models import Chip, Diagnosis, FaultClass, Finding, I18nText, RootCause, Severity
+from trainmedic.remediations.kube import TAINT_EFFECT, TAINT_KEY, ConflictError, QuarantineResult
+from trainmedic.remediations.policy import Policy, parse_policy
+from trainmedic.remediations.policy_state import MemoryPolicyState
 
 POOL_LABEL = "node.kubernetes.io/instance-type"
 

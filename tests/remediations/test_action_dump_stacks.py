@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 from respfix import FakeKube, diagnosis, harness, job, node, pod, policy
 
-from agent.store import ActionState, IncidentStatus
-from remediations.actions.dump_stacks import SUBDIR
-from remediations.policy import POLICY_FILE, ActionName, load_policy
-from remediations.stacks import ExecResult
+from trainmedic.agent.store import ActionState, IncidentStatus
 from trainmedic.models import FaultClass
+from trainmedic.remediations.actions.dump_stacks import SUBDIR
+from trainmedic.remediations.policy import POLICY_FILE, ActionName, load_policy
+from trainmedic.remediations.stacks import ExecResult
 
 STACK = (
     'Thread 0x7F12 (active): "MainThread"\n'

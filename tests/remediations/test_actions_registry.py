@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from remediations.actions import ACTIONS
-from remediations.policy import ActionName
+from trainmedic.remediations.actions import ACTIONS
+from trainmedic.remediations.policy import ActionName
 
 
 @pytest.mark.parametrize("name", [a.value for a in ActionName])

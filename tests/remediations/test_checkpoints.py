@@ -26,7 +26,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from remediations.checkpoints import (
+from trainmedic.models import I18nText
+from trainmedic.remediations.checkpoints import (
     DESCRIBE_LIMIT,
     FORMATS,
     Checkpoint,
@@ -34,7 +35,6 @@ from remediations.checkpoints import (
     latest_complete,
     list_checkpoints,
 )
-from trainmedic.models import I18nText
 
 # -- builders -----------------------------------------------------------------------------------------
 
@@ -752,7 +752,7 @@ def test_root_as_str_and_path_agree(tmp_path: Path) -> None:
 _REPO = Path(__file__).resolve().parents[2]
 _CHILD = """
 import json, os, sys
-from remediations.checkpoints import list_checkpoints
+from trainmedic.remediations.checkpoints import list_checkpoints
 for p in sys.argv[2:]:
     try:
         os.listdir(p) if os.path.isdir(p) else open(p, "rb").close()

@@ -28,7 +28,8 @@ from kubefix import (  # noqa: F401
 )
 from servers.kube import Cluster, ExecReply, KubeEmulator
 
-from remediations.kube import (
+from trainmedic.events import JobRef
+from trainmedic.remediations.kube import (
     ANN_INCIDENT,
     LOG_BYTES,
     SCENE_FINALIZER,
@@ -41,8 +42,7 @@ from remediations.kube import (
     PermanentKubeError,
     TemporaryKubeError,
 )
-from remediations.workloads import JOB, PYTORCH_JOB, VOLCANO_JOB, WorkloadKind
-from trainmedic.events import JobRef
+from trainmedic.remediations.workloads import JOB, PYTORCH_JOB, VOLCANO_JOB, WorkloadKind
 
 pytestmark = pytest.mark.asyncio
 

@@ -14,7 +14,7 @@ from collections.abc import Callable
 import pytest
 from kubernetes import client as kclient
 
-from remediations.kube import NODES, KubeOps, _What
+from trainmedic.remediations.kube import NODES, KubeOps, _What
 
 pytestmark = pytest.mark.asyncio
 

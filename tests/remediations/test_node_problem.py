@@ -14,10 +14,12 @@ from kubefix import NODES, cluster_fixture, kube_fixture, ops_fixture  # noqa: F
 from respfix import diagnosis, policy
 from servers.kube import EVENT, Cluster, KubeEmulator
 
-from agent.bus.memory import MemoryBus
-from agent.responder import Responder, ResponderSettings
-from agent.store import IncidentStore
-from remediations.kube import (
+from trainmedic.agent.bus.memory import MemoryBus
+from trainmedic.agent.responder import Responder, ResponderSettings
+from trainmedic.agent.store import IncidentStore
+from trainmedic.events import job_key
+from trainmedic.models import FaultClass, I18nText
+from trainmedic.remediations.kube import (
     CONDITION_TYPE,
     PROBLEM_ACCELERATOR,
     PROBLEM_NODE,
@@ -25,9 +27,7 @@ from remediations.kube import (
     fault_reason,
     problem_condition,
 )
-from remediations.policy_state import MemoryPolicyState
-from trainmedic.events import job_key
-from trainmedic.models import FaultClass, I18nText
+from trainmedic.remediations.policy_state import MemoryPolicyState
 
 pytestmark = pytest.mark.asyncio
 

@@ -14,9 +14,10 @@ from typing import Any
 
 import pytest
 
-from detectors.diagnose import diagnose_text
-from detectors.engine import Engine
-from remediations.hints import (
+from trainmedic.detectors.diagnose import diagnose_text
+from trainmedic.detectors.engine import Engine
+from trainmedic.models import Diagnosis, Finding
+from trainmedic.remediations.hints import (
     HintError,
     default_hints,
     fragmentation,
@@ -24,7 +25,7 @@ from remediations.hints import (
     parse_hints,
     recognise_frameworks,
 )
-from remediations.policy import (
+from trainmedic.remediations.policy import (
     ALL_NODES_POOL,
     POLICY_FILE,
     ActionName,
@@ -40,8 +41,7 @@ from remediations.policy import (
     parse_policy,
     parse_quantity,
 )
-from remediations.policy_state import MemoryPolicyState, SqlitePolicyState
-from trainmedic.models import Diagnosis, Finding
+from trainmedic.remediations.policy_state import MemoryPolicyState, SqlitePolicyState
 
 CORPUS = Path(__file__).parent.parent / "data" / "real-logs.jsonl"
 Q = ActionName.QUARANTINE_NODE
@@ -1147,8 +1147,8 @@ def test_hints_for_other_classes_are_empty(shipped: Policy, re_engine: Engine) -
 @pytest.mark.parametrize("budget", [1, 2])
 def test_a_restart_reserves_its_place_in_the_budget_atomically(budget: int) -> None:
     """Two brains restarting one job at once (a rebalance): together no more than the budget."""
-    from remediations.policy import PolicyContext
-    from remediations.policy_state import MemoryPolicyState
+    from trainmedic.remediations.policy import PolicyContext
+    from trainmedic.remediations.policy_state import MemoryPolicyState
 
     policy = parse_policy(
         f"version: 1\nmode: enforce\nbudgets:\n  restarts: {{max: {budget}, window: 1h}}\n"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from remediations.policy_state import (
+from trainmedic.remediations.policy_state import (
     MIGRATIONS,
     RETENTION_S,
     MemoryPolicyState,
@@ -112,7 +112,7 @@ def test_another_process_writes_while_one_is_open(tmp_path: Path) -> None:
         mine.record("restart", "job:train/a", NOW)
         script = (
             "import sys\n"
-            "from remediations.policy_state import SqlitePolicyState\n"
+            "from trainmedic.remediations.policy_state import SqlitePolicyState\n"
             "with SqlitePolicyState(sys.argv[1], now=float(sys.argv[2])) as s:\n"
             "    assert s.count('restart', 'job:train/a', 0) == 1\n"
             "    for i in range(20):\n"

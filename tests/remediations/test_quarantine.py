@@ -12,7 +12,8 @@ import pytest
 from kubefix import NODES, cluster_fixture, inject, kube_fixture, ops_fixture, seen  # noqa: F401
 from servers.kube import Cluster, KubeEmulator, kmock
 
-from remediations.kube import (
+from trainmedic.models import FaultClass
+from trainmedic.remediations.kube import (
     ANN_INCIDENT,
     ANN_QUARANTINE_REASON,
     ANN_QUARANTINED_AT,
@@ -28,7 +29,6 @@ from remediations.kube import (
     ReleaseRefused,
     fault_reason,
 )
-from trainmedic.models import FaultClass
 
 pytestmark = pytest.mark.asyncio
 
@@ -288,7 +288,7 @@ async def test_condition_reasons_are_camel_case(fault: FaultClass, reason: str) 
 async def test_a_breaker_claim_is_written_and_withdrawn_leaving_other_annotations(
     kube: KubeEmulator, cluster: Cluster, ops: KubeOps, other: dict[str, str]
 ) -> None:
-    from remediations.policy import CLAIM_ANNOTATION, format_claim, parse_claim
+    from trainmedic.remediations.policy import CLAIM_ANNOTATION, format_claim, parse_claim
 
     await cluster.add_node("gpu-1", gpus=8)
     if other:

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from respfix import FakeKube, diagnosis, harness, node, policy
 
-from agent.bus.memory import MemoryBus
-from agent.store import IncidentStatus
+from trainmedic.agent.bus.memory import MemoryBus
+from trainmedic.agent.store import IncidentStatus
 from trainmedic.events import Topic, job_key, make_event
 
 pytestmark = pytest.mark.asyncio

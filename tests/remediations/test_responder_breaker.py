@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from respfix import POOL_LABEL, FakeKube, Harness, diagnosis, harness, node, policy
 
-from agent.store import IncidentStatus
-from remediations.policy import CLAIM_ANNOTATION, RESERVATION_HOLD_S, format_claim
-from remediations.policy_state import MemoryPolicyState
+from trainmedic.agent.store import IncidentStatus
+from trainmedic.remediations.policy import CLAIM_ANNOTATION, RESERVATION_HOLD_S, format_claim
+from trainmedic.remediations.policy_state import MemoryPolicyState
 
 pytestmark = pytest.mark.asyncio
 

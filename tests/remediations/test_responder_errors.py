@@ -9,16 +9,16 @@ from typing import Any
 import pytest
 from respfix import FakeKube, diagnosis, harness, job, node, policy
 
-from agent.store import ActionState, IncidentStatus
-from remediations import workloads as wl
-from remediations.errors import (
+from trainmedic.agent.store import ActionState, IncidentStatus
+from trainmedic.remediations import workloads as wl
+from trainmedic.remediations.errors import (
     FatalActionError,
     PermanentActionError,
     StalePlan,
     TemporaryActionError,
     classify,
 )
-from remediations.kube import ConflictError, KubeForbidden, KubeNotFound, TemporaryKubeError
+from trainmedic.remediations.kube import ConflictError, KubeForbidden, KubeNotFound, TemporaryKubeError
 
 
 @pytest.mark.parametrize(

@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 from respfix import CrashingStore, FakeKube, diagnosis, harness, job, node, policy
 
-from agent.bus.memory import MemoryBus
-from agent.responder import Responder, ResponderSettings
-from agent.store import IncidentStatus, IncidentStore
-from remediations.policy_state import MemoryPolicyState
+from trainmedic.agent.bus.memory import MemoryBus
+from trainmedic.agent.responder import Responder, ResponderSettings
+from trainmedic.agent.store import IncidentStatus, IncidentStore
 from trainmedic.events import job_key
+from trainmedic.remediations.policy_state import MemoryPolicyState
 
 pytestmark = pytest.mark.asyncio
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from respfix import Crash, FakeKube, diagnosis, harness, job, node, policy
 
-from agent.store import ActionState, IncidentStatus
+from trainmedic.agent.store import ActionState, IncidentStatus
 
 pytestmark = pytest.mark.asyncio
 

@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 from respfix import FakeKube, diagnosis, harness, job, node, policy
 
-from agent.outbox import OutboxError
-from agent.store import ActionState, IncidentStatus
-from remediations import workloads as wl
-from remediations.errors import FatalActionError
-from remediations.kube import ConflictError, KubeForbidden, TemporaryKubeError
+from trainmedic.agent.outbox import OutboxError
+from trainmedic.agent.store import ActionState, IncidentStatus
 from trainmedic.errors import PermanentError
+from trainmedic.remediations import workloads as wl
+from trainmedic.remediations.errors import FatalActionError
+from trainmedic.remediations.kube import ConflictError, KubeForbidden, TemporaryKubeError
 
 pytestmark = pytest.mark.asyncio
 

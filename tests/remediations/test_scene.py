@@ -23,11 +23,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from servers.kube import Cluster, KubeEmulator, require_kmock
 
-from detectors.correlator import correlate
-from detectors.engine import Engine
-from remediations import scene as scene_mod
-from remediations.kube import KubeOps
-from remediations.scene import (
+from trainmedic.detectors.correlator import correlate
+from trainmedic.detectors.engine import Engine
+from trainmedic.events import DiagnosisEvent, JobRef
+from trainmedic.models import Finding, Source
+from trainmedic.remediations import scene as scene_mod
+from trainmedic.remediations.kube import KubeOps
+from trainmedic.remediations.scene import (
     SceneError,
     SceneInputs,
     SceneSettings,
@@ -35,9 +37,7 @@ from remediations.scene import (
     redact_text,
     save_scene,
 )
-from remediations.stacks import ExecResult, exec_in_pod
-from trainmedic.events import DiagnosisEvent, JobRef
-from trainmedic.models import Finding, Source
+from trainmedic.remediations.stacks import ExecResult, exec_in_pod
 
 NOW = 1_767_225_600.0  # 2026-01-01T00:00:00Z
 JOB = JobRef(namespace="train", name="llama")

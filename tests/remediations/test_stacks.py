@@ -19,8 +19,8 @@ import pytest
 import pytest_asyncio
 from servers.kube import Cluster, ExecReply, FakeProcess, KubeEmulator, require_kmock
 
-from remediations.kube import KubeOps
-from remediations.stacks import (
+from trainmedic.remediations.kube import KubeOps
+from trainmedic.remediations.stacks import (
     PROCESS_LIST_SCRIPT,
     ExecResult,
     StackMethod,

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from kubernetes.utils import quantity as client_quantity
 from servers.kube import Cluster, KubeEmulator, require_kmock
 
-from remediations.workloads import (
+from trainmedic.remediations.workloads import (
     ANN_EXCLUDED_NODES,
     ANN_INCIDENT,
     ANN_LINEAGE,

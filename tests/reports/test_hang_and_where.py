@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from agent.reporting import report_context
-from agent.store import ActionState, IncidentStatus, IncidentStore
-from detectors.hang import _message
-from detectors.hang_state import seconds_text
-from reports.report import LANGS, labels, render_report
+from trainmedic.agent.reporting import report_context
+from trainmedic.agent.store import ActionState, IncidentStatus, IncidentStore
+from trainmedic.detectors.hang import _message
+from trainmedic.detectors.hang_state import seconds_text
+from trainmedic.reports.report import LANGS, labels, render_report
 
 PYSPY_HINT = {"en": "Dump the stacks (`py-spy dump --pid <pid>`).", "zh": "用 `py-spy dump --pid <pid>` 抓取调用栈。"}
 

@@ -11,9 +11,9 @@ from typing import Any, cast
 import pytest
 from jinja2.runtime import Context
 
-from agent.reporting import report_context
-from agent.store import ActionState, IncidentStatus, IncidentStore
-from reports.report import LANGS, labels, render_report
+from trainmedic.agent.reporting import report_context
+from trainmedic.agent.store import ActionState, IncidentStatus, IncidentStore
+from trainmedic.reports.report import LANGS, labels, render_report
 
 FAULT_CLASSES = [
     "device_error",
@@ -209,7 +209,7 @@ def test_a_job_left_down_is_not_called_resolved(tmp_path: Path, fmt: str, lang: 
     ],
 )
 def test_durations_read_as_durations(seconds: float, en: str, zh: str) -> None:
-    from reports.report import _dur
+    from trainmedic.reports.report import _dur
 
     # The filter reads the language from the template's context; a mapping stands in for it.
     assert _dur(cast(Context, {"lang": "en"}), seconds) == en and _dur(cast(Context, {"lang": "zh"}), seconds) == zh

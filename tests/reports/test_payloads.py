@@ -26,10 +26,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reports import payloads as P
-from reports.notice import Notice, NoticeError, fault_severity, severity_for
 from trainmedic.events import IncidentEvent, JobRef, LogBatch, make_event
 from trainmedic.models import I18nText, RootCause
+from trainmedic.reports import payloads as P
+from trainmedic.reports.notice import Notice, NoticeError, fault_severity, severity_for
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden" / "payloads"
 T0 = 1_700_000_000.0

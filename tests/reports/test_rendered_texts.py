@@ -16,16 +16,16 @@ from typing import Any
 
 import pytest
 
-from agent.reporting import report_context
-from agent.store import IncidentStatus, IncidentStore
-from detectors.correlator import correlate
-from detectors.engine import Engine
-from detectors.loader import load_rules
-from remediations.hints import default_hints
-from reports.report import LANGS, render_report
+from trainmedic.agent.reporting import report_context
+from trainmedic.agent.store import IncidentStatus, IncidentStore
+from trainmedic.detectors.correlator import correlate
+from trainmedic.detectors.engine import Engine
+from trainmedic.detectors.loader import load_rules
 from trainmedic.models import Finding
+from trainmedic.remediations.hints import default_hints
+from trainmedic.reports.report import LANGS, render_report
+from trainmedic.udal import builtin_plugins, get_plugin
 from trainmedic.vendortext import elide, fill
-from udal import builtin_plugins, get_plugin
 
 FAULT_CLASSES = [
     "device_error",
@@ -100,7 +100,7 @@ def _md_problems(out: str, what: str) -> list[str]:
 def _own_md_problems(texts: list[str], what: str) -> list[str]:
     """Our own advice in Markdown: a command is a code span, so its `<pid>` reads as it is in the
     Markdown source too, never as `&lt;pid&gt;` (outside text is entity-escaped on purpose)."""
-    from reports.report import _FILTERS
+    from trainmedic.reports.report import _FILTERS
 
     out = []
     for text in texts:
@@ -211,7 +211,7 @@ def test_catalog_texts_render_clean(store: IncidentStore, chip: str, lang: str) 
     ],
 )
 def test_code_spans_in_rich_text(text: str, fmt: str, expected: str) -> None:
-    from reports.report import _FILTERS
+    from trainmedic.reports.report import _FILTERS
 
     assert str(_FILTERS["html_rich" if fmt == "html" else "md_rich"](text)) == expected
 
@@ -249,8 +249,8 @@ def test_restart_advice_follows_the_shipped_policy(store: IncidentStore, fault_c
     """Whatever the root cause's normalized action, a report advises restarting the application
     only where the shipped policy's plan restarts the job (an OOM it will not restart is not told
     to restart), and a hint never sends the reader to look up the catalog entry shown beside it."""
-    from remediations.policy import PolicyContext, load_policy
-    from remediations.policy_state import MemoryPolicyState
+    from trainmedic.remediations.policy import PolicyContext, load_policy
+    from trainmedic.remediations.policy_state import MemoryPolicyState
 
     policy = load_policy()
     restarts = {"restart_from_checkpoint", "raise_memory_limit"}

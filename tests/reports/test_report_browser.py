@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from servers.chromium import ARGS, require_chromium
 
-from agent.reporting import report_context
-from agent.store import ActionState, IncidentStatus, IncidentStore
-from reports.report import LANGS, render_report
+from trainmedic.agent.reporting import report_context
+from trainmedic.agent.store import ActionState, IncidentStatus, IncidentStore
+from trainmedic.reports.report import LANGS, render_report
 
 PHONE = 390
 XID79 = "NVRM: Xid (PCI:0000:3b:00): 79, pid=2876, name=python, GPU has fallen off the bus."

@@ -13,15 +13,15 @@ from typing import Any
 import httpx
 import pytest
 
-from agent.api import create_app, diagnose_blobs
-from agent.config import ApiSettings
-from agent.reporting import render_incident, report_context
-from agent.store import IncidentStore
-from agent.telemetry import Telemetry
-from detectors.diagnose import make_engine
-from reports.report import LANGS, labels, render_report
+from trainmedic.agent.api import create_app, diagnose_blobs
+from trainmedic.agent.config import ApiSettings
+from trainmedic.agent.reporting import render_incident, report_context
+from trainmedic.agent.store import IncidentStore
+from trainmedic.agent.telemetry import Telemetry
+from trainmedic.detectors.diagnose import make_engine
 from trainmedic.events import DiagnosisEvent, JobRef
 from trainmedic.models import Diagnosis
+from trainmedic.reports.report import LANGS, labels, render_report
 
 TOKEN = "st0red-diagnosis"
 XID79 = "NVRM: Xid (PCI:0000:3b:00): 79, pid=2876, name=python, GPU has fallen off the bus."

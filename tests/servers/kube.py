@@ -14,9 +14,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from agent.bus.memory import MemoryBus
-from agent.demo.emulator import *  # noqa: F403 (this module is the tests' name for the emulator)
-from agent.demo.emulator import (
+from trainmedic.agent.bus.memory import MemoryBus
+from trainmedic.agent.demo.emulator import *  # noqa: F403 (this module is the tests' name for the emulator)
+from trainmedic.agent.demo.emulator import (
     BUILTIN,
     CRDS,
     DEFAULT_STACK,

@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from agent.demo.plane import (
+from trainmedic.agent.demo.plane import (
     COMPONENTS,
     DEFAULT_NODES,
     GO_MOD,

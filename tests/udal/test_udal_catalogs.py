@@ -9,15 +9,15 @@ import pytest
 import yaml
 
 from trainmedic.models import Action, Chip, FaultClass
-from udal import ORIGINS, CatalogEntry, CatalogError, ChipPlugin, get_plugin, load_catalog_text
-from udal.ascend import AscendPlugin
-from udal.cambricon import CambriconPlugin
-from udal.fake import FakePlugin
-from udal.generic import GenericPlugin
-from udal.nvidia import NvidiaPlugin
+from trainmedic.udal import ORIGINS, CatalogEntry, CatalogError, ChipPlugin, get_plugin, load_catalog_text
+from trainmedic.udal.ascend import AscendPlugin
+from trainmedic.udal.cambricon import CambriconPlugin
+from trainmedic.udal.fake import FakePlugin
+from trainmedic.udal.generic import GenericPlugin
+from trainmedic.udal.nvidia import NvidiaPlugin
 
 PLUGINS: list[ChipPlugin] = [NvidiaPlugin(), AscendPlugin(), CambriconPlugin(), GenericPlugin(), FakePlugin()]
-CATALOG_FILES = sorted(p.name for p in resources.files("udal").iterdir() if p.name.endswith("_catalog.yaml"))
+CATALOG_FILES = sorted(p.name for p in resources.files("trainmedic.udal").iterdir() if p.name.endswith("_catalog.yaml"))
 
 
 def _all_entries() -> list[tuple[str, CatalogEntry]]:
@@ -29,14 +29,14 @@ ALL_ENTRIES = _all_entries()
 
 @pytest.mark.parametrize("filename", CATALOG_FILES)
 def test_catalog_file_loads(filename: str) -> None:
-    text = resources.files("udal").joinpath(filename).read_text(encoding="utf-8")
+    text = resources.files("trainmedic.udal").joinpath(filename).read_text(encoding="utf-8")
     catalog = load_catalog_text(text, filename)
     assert catalog.entries
 
 
 @pytest.mark.parametrize("filename", CATALOG_FILES)
 def test_catalog_file_header_names_source(filename: str) -> None:
-    text = resources.files("udal").joinpath(filename).read_text(encoding="utf-8")
+    text = resources.files("trainmedic.udal").joinpath(filename).read_text(encoding="utf-8")
     header = [line for line in text.splitlines() if line.startswith("#")]
     assert len(header) >= 3
     data = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
@@ -244,7 +244,7 @@ def test_loader_rejects_invalid_yaml() -> None:
 
 
 def test_xid154_action_from_message() -> None:
-    from udal.nvidia import xid154_action
+    from trainmedic.udal.nvidia import xid154_action
 
     line = "Xid 154 GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot Required)"
     assert xid154_action(line) == Action.REBOOT_NODE

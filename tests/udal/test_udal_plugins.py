@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from trainmedic.models import Action, Chip
-from udal import (
+from trainmedic.udal import (
     CORE_METRICS,
     ENTRY_POINT_GROUP,
     METRIC_VOCABULARY,
@@ -23,15 +23,15 @@ from udal import (
     lookup,
     parse_visible_devices,
 )
-from udal.ascend import AscendPlugin
-from udal.cambricon import CambriconPlugin
-from udal.fake import FakePlugin
-from udal.generic import GenericPlugin
-from udal.nvidia import NvidiaPlugin
+from trainmedic.udal.ascend import AscendPlugin
+from trainmedic.udal.cambricon import CambriconPlugin
+from trainmedic.udal.fake import FakePlugin
+from trainmedic.udal.generic import GenericPlugin
+from trainmedic.udal.nvidia import NvidiaPlugin
 
 REAL = [NvidiaPlugin(), AscendPlugin(), CambriconPlugin()]
 # The test double, registered by tests/conftest.py rather than shipped as an entry point.
-FAKE = ("fake", "udal.fake:FakePlugin")
+FAKE = ("fake", "trainmedic.udal.fake:FakePlugin")
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -83,7 +83,7 @@ def test_installed_entry_points_match_builtins_when_installed() -> None:
 
 
 def test_discover_rejects_non_plugin() -> None:
-    eps = [EntryPoint(name="bad", value="udal.base:CatalogEntry", group=ENTRY_POINT_GROUP)]
+    eps = [EntryPoint(name="bad", value="trainmedic.udal.base:CatalogEntry", group=ENTRY_POINT_GROUP)]
     with pytest.raises(PluginError, match="bad"):
         discover(eps=eps)
 
@@ -233,7 +233,7 @@ def test_fake_plugin_is_a_usable_test_double() -> None:
 
 
 def test_load_plugins_falls_back_when_metadata_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
-    from udal import registry
+    from trainmedic.udal import registry
 
     monkeypatch.setattr(registry, "entry_points", lambda group: [])
     registry.clear_cache()

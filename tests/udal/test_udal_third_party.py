@@ -17,20 +17,20 @@ from typing import Any
 
 import pytest
 
-from agent.api import AlertmanagerWebhook, alert_events
-from agent.bus.memory import MemoryBus
-from agent.watchers.k8s import node_status
-from agent.watchers.metrics import PrometheusSource
-from detectors.diagnose import diagnose_text
-from detectors.engine import Engine
-from detectors.loader import load_rules
-from detectors.localize import localize
-from detectors.metric_rules import MetricRules
-from remediations.scene import SceneSettings
+from trainmedic.agent.api import AlertmanagerWebhook, alert_events
+from trainmedic.agent.bus.memory import MemoryBus
+from trainmedic.agent.watchers.k8s import node_status
+from trainmedic.agent.watchers.metrics import PrometheusSource
+from trainmedic.detectors.diagnose import diagnose_text
+from trainmedic.detectors.engine import Engine
+from trainmedic.detectors.loader import load_rules
+from trainmedic.detectors.localize import localize
+from trainmedic.detectors.metric_rules import MetricRules
 from trainmedic.errors import RuleLoadError
 from trainmedic.events import MetricBatch, decode
 from trainmedic.models import Action, Chip, Finding
-from udal import registry
+from trainmedic.remediations.scene import SceneSettings
+from trainmedic.udal import registry
 
 TARGET = "zetachip:ZetaPlugin"
 

@@ -10,11 +10,11 @@ from importlib import resources
 import pytest
 import yaml
 
-import udal
+from trainmedic import udal
 from trainmedic.models import Action, Chip, FaultClass
-from udal import CatalogEntry, CatalogError, ChipPlugin, get_plugin, load_catalog_text
-from udal.base import MIN_TEXT_LENGTH, TextIndex, merge_catalogs
-from udal.nvidia import ACTION_MAP as NVIDIA_ACTION_MAP
+from trainmedic.udal import CatalogEntry, CatalogError, ChipPlugin, get_plugin, load_catalog_text
+from trainmedic.udal.base import MIN_TEXT_LENGTH, TextIndex, merge_catalogs
+from trainmedic.udal.nvidia import ACTION_MAP as NVIDIA_ACTION_MAP
 
 VENDOR_PLUGINS: list[ChipPlugin] = [get_plugin(Chip.NVIDIA), get_plugin(Chip.ASCEND), get_plugin(Chip.CAMBRICON)]
 FILES = [(p.name, f) for p in VENDOR_PLUGINS for f in p.catalog_files()]
@@ -25,7 +25,7 @@ _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 @functools.cache
 def _text(filename: str) -> str:
-    return resources.files("udal").joinpath(filename).read_text(encoding="utf-8")
+    return resources.files("trainmedic.udal").joinpath(filename).read_text(encoding="utf-8")
 
 
 @functools.cache

@@ -12,12 +12,12 @@ import pytest
 import pytest_asyncio
 from servers.kube import Cluster, EventRecorder, KubeEmulator, require_kmock, wait_event, wait_until
 
-from agent.jobindex import JobIndex
-from agent.telemetry import Telemetry
-from agent.watchers.k8s import KubeWatchers, Reflector, WatchSettings
-from agent.watchers.podlogs import PodLogFollower, PodLogSettings
-from detectors.diagnose import make_engine
-from detectors.engine import Engine
+from trainmedic.agent.jobindex import JobIndex
+from trainmedic.agent.telemetry import Telemetry
+from trainmedic.agent.watchers.k8s import KubeWatchers, Reflector, WatchSettings
+from trainmedic.agent.watchers.podlogs import PodLogFollower, PodLogSettings
+from trainmedic.detectors.diagnose import make_engine
+from trainmedic.detectors.engine import Engine
 
 # Short timings: the tests exercise the same paths in milliseconds.
 FAST = WatchSettings(

@@ -22,11 +22,11 @@ from typing import Any
 
 import pytest
 
-from agent.bus.memory import MemoryBus
-from agent.jobindex import JobIndex
-from agent.telemetry import Telemetry
-from agent.watchers.crilog import CriLogTailer
-from agent.watchers.follow import FileFollower, PositionStore, Rfc3339
+from trainmedic.agent.bus.memory import MemoryBus
+from trainmedic.agent.jobindex import JobIndex
+from trainmedic.agent.telemetry import Telemetry
+from trainmedic.agent.watchers.crilog import CriLogTailer
+from trainmedic.agent.watchers.follow import FileFollower, PositionStore, Rfc3339
 from trainmedic.events import MAX_MESSAGE_BYTES, Event, JobRef, LogBatch, Topic, decode
 
 DATA = Path(__file__).parent.parent / "data"

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from servers.kube import Cluster, KubeEmulator
 
-from agent.demo.emulator import PYTORCH_JOB, VOLCANO_JOB
-from agent.demo.scenario import SCENARIOS, job_body, volcano_body
+from trainmedic.agent.demo.emulator import PYTORCH_JOB, VOLCANO_JOB
+from trainmedic.agent.demo.scenario import SCENARIOS, job_body, volcano_body
 
 pytestmark = pytest.mark.asyncio
 

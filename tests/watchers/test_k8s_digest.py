@@ -13,8 +13,8 @@ import pytest
 import urllib3.exceptions
 from kubernetes.client.exceptions import ApiException
 
-from agent.jobindex import JobIndex
-from agent.watchers.k8s import (
+from trainmedic.agent.jobindex import JobIndex
+from trainmedic.agent.watchers.k8s import (
     PYTORCH_JOBS,
     LabelSelector,
     MissingResource,

@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 from servers.kube import EventRecorder, wait_event
 
-from agent.jobindex import JobIndex
-from agent.telemetry import Telemetry
-from agent.watchers.k8s import KubeWatchers
+from trainmedic.agent.jobindex import JobIndex
+from trainmedic.agent.telemetry import Telemetry
+from trainmedic.agent.watchers.k8s import KubeWatchers
 from trainmedic.events import NodeStatus, PodStatus
 
 KUBECONFIG = os.environ.get("TRAINMEDIC_E2E_KUBECONFIG")

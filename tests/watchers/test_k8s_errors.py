@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 from servers.kube import Cluster, EventRecorder, KubeEmulator, kmock, wait_event, wait_until
 
-from agent.jobindex import JobIndex
-from agent.telemetry import Telemetry
-from agent.watchers.k8s import KubeWatchers, WatchSettings
+from trainmedic.agent.jobindex import JobIndex
+from trainmedic.agent.telemetry import Telemetry
+from trainmedic.agent.watchers.k8s import KubeWatchers, WatchSettings
 from trainmedic.events import NodeStatus, PodStatus
 
 from .conftest import FAST, StartWatchers

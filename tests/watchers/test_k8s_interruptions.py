@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from servers.kube import Cluster, EventRecorder
 
-from agent.jobindex import JobIndex
-from agent.watchers.k8s import (
+from trainmedic.agent.jobindex import JobIndex
+from trainmedic.agent.watchers.k8s import (
     JOBS,
     PYTORCH_JOBS,
     VOLCANO_JOBS,
@@ -23,7 +23,7 @@ from agent.watchers.k8s import (
     workload_status,
     workload_status_lines,
 )
-from detectors.engine import Engine
+from trainmedic.detectors.engine import Engine
 from trainmedic.events import JobRef, K8sEvent, NodeStatus
 
 from .conftest import StartWatchers

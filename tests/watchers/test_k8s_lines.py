@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from agent.watchers.k8s import k8s_event_line, pod_status_lines
-from detectors.engine import Engine
+from trainmedic.agent.watchers.k8s import k8s_event_line, pod_status_lines
+from trainmedic.detectors.engine import Engine
 from trainmedic.events import K8sEvent, PodStatus
 
 

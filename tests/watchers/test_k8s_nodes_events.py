@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from servers.kube import Cluster, EventRecorder, KubeEmulator
 
-from agent.watchers.k8s import k8s_event_line
-from detectors.engine import Engine
+from trainmedic.agent.watchers.k8s import k8s_event_line
+from trainmedic.detectors.engine import Engine
 from trainmedic.events import JobRef, K8sEvent, NodeStatus
 
 from .conftest import StartWatchers

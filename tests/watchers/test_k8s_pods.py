@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from servers.kube import Cluster, EventRecorder, KubeEmulator
 
-from agent.jobindex import JobIndex
-from agent.watchers.k8s import pod_status_lines
+from trainmedic.agent.jobindex import JobIndex
+from trainmedic.agent.watchers.k8s import pod_status_lines
 from trainmedic.events import JobRef, PodStatus, Topic
 
 from .conftest import StartWatchers

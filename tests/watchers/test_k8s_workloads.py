@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 from servers.kube import Cluster, EventRecorder, KubeEmulator, require_kmock, wait_event, wait_until
 
-from agent.jobindex import JobIndex
-from agent.telemetry import Telemetry
-from agent.watchers.k8s import KubeWatchers
+from trainmedic.agent.jobindex import JobIndex
+from trainmedic.agent.telemetry import Telemetry
+from trainmedic.agent.watchers.k8s import KubeWatchers
 from trainmedic.events import JobRef, PodStatus, WorkloadStatus
 
 from .conftest import FAST, StartWatchers

@@ -22,10 +22,10 @@ from typing import Any
 
 import pytest
 
-from agent.bus.memory import MemoryBus
-from agent.jobindex import JobIndex
-from agent.telemetry import Telemetry
-from agent.watchers.kernel import (
+from trainmedic.agent.bus.memory import MemoryBus
+from trainmedic.agent.jobindex import JobIndex
+from trainmedic.agent.telemetry import Telemetry
+from trainmedic.agent.watchers.kernel import (
     JournaldSource,
     KernelFileSource,
     KernelSourceUnavailable,
@@ -35,8 +35,8 @@ from agent.watchers.kernel import (
     parse_kmsg_record,
     record_lines,
 )
-from detectors.diagnose import make_engine
-from detectors.engine import Engine
+from trainmedic.detectors.diagnose import make_engine
+from trainmedic.detectors.engine import Engine
 from trainmedic.events import MAX_MESSAGE_BYTES, Event, JobRef, KernelBatch, Topic, decode, node_key
 
 DATA = Path(__file__).parent.parent / "data"

@@ -22,21 +22,21 @@ from servers.exporter import Exporter, ascend_node, cambricon_node, dcgm_labels,
 from servers.loops import no_stray_event_loop  # noqa: F401 - autouse: closes looptime's stray loops
 from servers.prometheus import PrometheusServer, Target, free_port, require_prometheus
 
-from agent.bus.memory import MemoryBus
-from agent.jobindex import JobIndex
-from agent.telemetry import Telemetry
-from agent.watchers.metrics import (
+from trainmedic.agent.bus.memory import MemoryBus
+from trainmedic.agent.jobindex import JobIndex
+from trainmedic.agent.telemetry import Telemetry
+from trainmedic.agent.watchers.metrics import (
     PrometheusQueryError,
     PrometheusSource,
     device_of,
     node_of,
     usable_value,
 )
-from detectors.metric_rules import MetricRules
+from trainmedic.detectors.metric_rules import MetricRules
 from trainmedic.events import Event, MetricBatch, Topic, decode
 from trainmedic.models import Action, FaultClass
-from udal import METRIC_VOCABULARY, get_plugin
-from udal.nvidia import NvidiaPlugin
+from trainmedic.udal import METRIC_VOCABULARY, get_plugin
+from trainmedic.udal.nvidia import NvidiaPlugin
 
 GPU_NODE = "gpu-node-1"
 NPU_NODE = "npu-node-1"
@@ -516,7 +516,7 @@ async def test_a_registered_chips_exporter_series_are_published_under_its_name(
 ) -> None:
     """A chip trainmedic does not ship (tests/zetachip.py): its exporter's series, scraped by the real
     Prometheus, are queried and published as that chip once its plugin is registered."""
-    from udal import registry
+    from trainmedic.udal import registry
 
     labels = {"npu": "2", "node": "zeta-node-1"}
     cluster.cambricon.set("zeta_npu_utilization", labels, 64)

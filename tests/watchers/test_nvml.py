@@ -20,14 +20,14 @@ import pytest
 import pytest_asyncio
 from servers.loops import no_stray_event_loop  # noqa: F401 - autouse: closes looptime's stray loops
 
-from agent.bus.memory import MemoryBus
-from agent.jobindex import JobIndex
-from agent.telemetry import Telemetry
-from agent.watchers.nvml import NvmlSource, SourceUnavailable
-from detectors.metric_rules import MetricRules
+from trainmedic.agent.bus.memory import MemoryBus
+from trainmedic.agent.jobindex import JobIndex
+from trainmedic.agent.telemetry import Telemetry
+from trainmedic.agent.watchers.nvml import NvmlSource, SourceUnavailable
+from trainmedic.detectors.metric_rules import MetricRules
 from trainmedic.events import Event, MetricBatch, Topic, decode
 from trainmedic.models import Action, FaultClass
-from udal import METRIC_VOCABULARY
+from trainmedic.udal import METRIC_VOCABULARY
 
 GIB = 1024**3
 NODE = "gpu-node-3"

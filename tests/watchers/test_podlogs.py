@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from servers.kube import Cluster, EventRecorder, wait_until
 
-from agent.watchers.podlogs import PodLogFollower, container_state, parse_log_line
+from trainmedic.agent.watchers.podlogs import PodLogFollower, container_state, parse_log_line
 from trainmedic.events import JobRef, LogBatch
 
 from .conftest import StartFollower
@@ -279,8 +279,8 @@ def test_follower_is_constructible_without_a_loop_running() -> None:
     # run.py builds components before the loop runs them.
     from kubernetes.client import ApiClient, Configuration
 
-    from agent.bus.memory import MemoryBus
-    from agent.telemetry import Telemetry
+    from trainmedic.agent.bus.memory import MemoryBus
+    from trainmedic.agent.telemetry import Telemetry
 
     f = PodLogFollower(ApiClient(Configuration(host="http://127.0.0.1:1")), bus=MemoryBus(), telemetry=Telemetry())
     assert not f.ready.is_set() and not f.followers
