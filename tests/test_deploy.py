@@ -932,10 +932,13 @@ def test_dockerfile_is_multi_stage_slim_python_and_non_root() -> None:
 
 
 def test_docker_context_holds_every_package() -> None:
-    """The packages pyproject.toml ships are each copied in the Dockerfile and let through
-    .dockerignore (an allowlist), with what `pip install .` reads besides."""
+    """The folders pyproject.toml ships packages from (trainmedic/ and each folder its package-dir
+    maps into the namespace) are each copied in the Dockerfile and let through .dockerignore (an
+    allowlist), with what `pip install .` reads besides."""
     py = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    packages = sorted({p.rstrip("*").rstrip(".") for p in py["tool"]["setuptools"]["packages"]["find"]["include"]})
+    setuptools = py["tool"]["setuptools"]
+    packages = sorted({"trainmedic", *setuptools["package-dir"].values()})
+    assert len(packages) > 1 and all("/" not in p for p in packages)
     copied = {rest.split()[0] for word, rest in dockerfile_instructions() if word == "COPY" and "--from" not in rest}
     ignore = [ln.strip() for ln in (ROOT / ".dockerignore").read_text().splitlines()]
     ignore = [ln for ln in ignore if ln and not ln.startswith("#")]

@@ -37,13 +37,15 @@ KEEP_PER_KIND = 32
 FORMAT = 1
 _MAGIC = b"trainmedic-cache\n"
 
-_ROOT = Path(__file__).resolve().parent.parent
+# The package folder: its subpackages (trainmedic/detectors, trainmedic/udal, ...) lie under it in an
+# installed wheel and, through relative symlinks to the top-level folders, in the repository.
+_ROOT = Path(__file__).resolve().parent
 # The modules whose code decides what a cached entry holds (the rule schema, the loader and the
 # example checks through the engine, the models pickled, the catalog parser).
 _CODE_FILES = (
-    "trainmedic/cache.py",
-    "trainmedic/datafile.py",
-    "trainmedic/models.py",
+    "cache.py",
+    "datafile.py",
+    "models.py",
     "detectors/schema.py",
     "detectors/loader.py",
     "detectors/engine.py",
