@@ -355,3 +355,13 @@ async def test_stop_is_bounded_and_reports_what_was_left(
         await bus.publish(topic, log_event("job", i))
     await asyncio.wait_for(bus.stop(), 10)
     assert any("3 events unsent" in m and f"{topic}=3" in m for m in caplog.messages)
+
+
+def test_the_test_brokers_cluster_ids_never_read_as_an_option() -> None:
+    """`kafka-storage format -t <id>`: an id starting with `-` (one base64url id in 64) is taken for an
+    option and the broker never starts; the ids drawn for the test brokers never start so."""
+    from servers.kafka import _cluster_id
+
+    ids = [_cluster_id() for _ in range(4000)]
+    assert not [i for i in ids if i.startswith("-")]
+    assert all(len(i) == 22 for i in ids) and len(set(ids)) == len(ids)

@@ -138,8 +138,13 @@ def brokers_registered(host: str, port: int, timeout: float = 1.0) -> int:
 
 
 def _cluster_id() -> str:
-    """A random KRaft cluster id: a UUID as unpadded base64url, like `kafka-storage random-uuid`."""
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    """A random KRaft cluster id: a UUID as unpadded base64url, like `kafka-storage random-uuid`,
+    which (Kafka's Uuid.randomUuid) draws again while the text starts with `-`: one id in 64 would,
+    and `kafka-storage format -t <id>` then reads it as an option."""
+    while True:
+        cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cid.startswith("-"):
+            return cid
 
 
 class KafkaBroker:
