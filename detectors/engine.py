@@ -667,8 +667,44 @@ class _Prefilter:
         raise NotImplementedError
 
 
+def _crlf_ends(pattern: str) -> str:
+    """`pattern` with each end-of-line anchor `$` (not escaped, not in a class) allowing a carriage
+    return before it, for the prefilters: the confirm step matches a line with its CR removed, so a
+    CRLF line ends there, while a multi-line `$` (Hyperscan's, re's over a chunk) only matches before
+    the LF and would miss the line."""
+    out: list[str] = []
+    i, in_class = 0, False
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\":
+            out.append(pattern[i : i + 2])
+            i += 2
+            continue
+        if in_class:
+            if c == "]" and not (out and out[-1] in ("[", "[^")):
+                in_class = False
+        elif c == "[":
+            in_class = True
+            if pattern.startswith("[^", i):
+                out.append("[^")
+                i += 2
+                continue
+        elif c == "$":
+            out.append("\\r?$")
+            i += 1
+            continue
+        out.append(c)
+        i += 1
+    return "".join(out)
+
+
+def _chunk_regex(pattern: str) -> re.Pattern[bytes]:
+    """`pattern` as a prefilter regex over a whole chunk (bytes, multi-line, CRLF-tolerant ends)."""
+    return re.compile(_crlf_ends(pattern).encode("utf-8"), re.ASCII | re.MULTILINE)
+
+
 def _hs_expression(pattern: str) -> bytes:
-    expr = _NAMED_GROUP.sub("(?:", pattern)
+    expr = _NAMED_GROUP.sub("(?:", _crlf_ends(pattern))
     # Wide bounded repeats (`[^\n]{0,200}`) cost Hyperscan seconds to compile; unbounded ones
     # match a superset, which is all a prefilter needs.
     expr = _WIDE_REPEAT.sub(lambda m: "{" + m.group(1) + ",}", expr)
@@ -703,7 +739,7 @@ class _HyperscanPrefilter(_Prefilter):
                     good.append(item)
                 except _hs.error:
                     pid, pattern, _ = item
-                    self.fallback.append((pid, re.compile(pattern.encode("utf-8"), re.ASCII | re.MULTILINE)))
+                    self.fallback.append((pid, _chunk_regex(pattern)))
             self.db = self._compile(good, base) if good else None
         if cache.cache_dir() is not None:
             blob = hsdb.dump(self.db) if self.db is not None else None
@@ -717,7 +753,7 @@ class _HyperscanPrefilter(_Prefilter):
             # A database this CPU or this hyperscan cannot scan is refused: compile afresh.
             db = hsdb.load_block(blob) if blob is not None else None
             by_id = dict(pats)
-            fallback = [(pid, re.compile(by_id[pid].encode("utf-8"), re.ASCII | re.MULTILINE)) for pid in fallback_ids]
+            fallback = [(pid, _chunk_regex(by_id[pid])) for pid in fallback_ids]
         except Exception:  # noqa: BLE001 - no entry, or one this hyperscan cannot load: compile afresh
             return False
         self.db, self.fallback = db, fallback
@@ -753,7 +789,7 @@ class _AnchorPrefilter(_Prefilter):
         self.ci_fallback: list[tuple[int, re.Pattern[bytes]]] = []
         for pid, regex in pats:
             anchors = required_anchors(regex.pattern)
-            as_bytes = re.compile(regex.pattern.encode("utf-8"), re.ASCII | re.MULTILINE)
+            as_bytes = _chunk_regex(regex.pattern)
             if anchors is None:
                 self.fallback.append((pid, as_bytes))
                 continue

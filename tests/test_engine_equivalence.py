@@ -18,7 +18,7 @@ from typing import Any
 from unittest import mock
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import trainmedic.detectors.engine as engine_mod
@@ -234,6 +234,8 @@ def test_fragments_are_available() -> None:
 
 @settings(max_examples=250, **_SETTINGS)
 @given(data=_documents)
+# A CRLF line a `$`-anchored pattern ends at: multi-line `$` in the prefilters stops before LF only.
+@example(data=b"torch.distributed.elastic.multiprocessing.errors.ChildFailedError\r\n")
 def test_mixed_input_matches_reference(engine: Engine, ref_rules: list[_RefRule], data: bytes) -> None:
     expected = reference(ref_rules, data)
     got = summarize(engine.scan_text(data), LINE_RULES)
@@ -332,3 +334,23 @@ def test_stream_of_indented_lines_is_cut_at_line_ends(re_engine: Engine, chunk: 
         findings, lines = re_engine.scan_stream(io.BytesIO(data))
     assert [(f.rule_id, f.line_no, f.last_line_no, f.count) for f in findings] == [("nvidia.xid", 9, 11, 3)]
     assert lines == 11
+
+
+def _anchored_examples() -> list[Any]:
+    """Each rule example line of a pattern that ends with `$`, to be met with CRLF endings."""
+    cases = []
+    for rule in load_rules(run_examples=False).rules:
+        if rule.continuation or not any("$" in p for p in rule.patterns):
+            continue
+        for i, ex in enumerate(rule.examples.match):
+            if "\n" not in ex.line:
+                cases.append(pytest.param(ex.line, id=f"{rule.id}-{i}"))
+    return cases
+
+
+@pytest.mark.parametrize("line", _anchored_examples())
+def test_crlf_lines_are_found_as_lf_lines_are(engine: Engine, ref_rules: list[_RefRule], line: str) -> None:
+    lf = (line + "\n").encode()
+    crlf = (line + "\r\n").encode()
+    assert summarize(engine.scan_text(crlf), LINE_RULES) == summarize(engine.scan_text(lf), LINE_RULES)
+    assert summarize(engine.scan_text(crlf), LINE_RULES) == reference(ref_rules, crlf)
