@@ -6,8 +6,9 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from pathlib import Path
+from typing import Any
 
 import pytest
 from respfix import POOL_LABEL, FakeKube, Harness, diagnosis, harness, node, policy
@@ -54,15 +55,23 @@ async def test_nodes_tainted_by_another_brain_count(tmp_path: Path) -> None:
 async def test_an_approved_plan_is_checked_again_when_it_runs(tmp_path: Path) -> None:
     kube = FakeKube(nodes={f"gpu-{i}": node(f"gpu-{i}") for i in range(10)})
     h = harness(tmp_path, policy("circuit_breaker:\n  max_share: 0.1\n", mode="approve"), kube)
+    first, second = await _two_plans_approved_then_run(h)
+    assert first.status is second.status is IncidentStatus.AWAITING_APPROVAL
+    assert kube.quarantines == ["gpu-0"]
+    assert h.store.get(second.id).status is IncidentStatus.BLOCKED
+
+
+async def _two_plans_approved_then_run(h: Harness, planned: Callable[[], None] = lambda: None) -> tuple[Any, Any]:
+    """Two quarantine plans on gpu-0 and gpu-1 made in approve mode (`planned` runs once both are
+    planned), both approved, then run in that order; returns the two incidents as planned."""
     first = await h.handle(diagnosis("train", "job-0", "gpu-0"))
     second = await h.handle(diagnosis("train", "job-1", "gpu-1"))
-    assert first.status is second.status is IncidentStatus.AWAITING_APPROVAL
+    planned()
     for i in (first, second):
         h.store.approve(i.id, by="sre")
     await h.responder._execute_again(first.id)
     await h.responder._execute_again(second.id)
-    assert kube.quarantines == ["gpu-0"]
-    assert h.store.get(second.id).status is IncidentStatus.BLOCKED
+    return first, second
 
 
 class ThreadRecordingState(MemoryPolicyState):
@@ -91,18 +100,13 @@ async def test_the_actions_policy_steps_run_off_the_loop_in_the_policy_thread(tm
     (SQLite in production) from the policy thread, never on the event loop."""
     kube = FakeKube(nodes={f"gpu-{i}": node(f"gpu-{i}") for i in range(10)})
     state = ThreadRecordingState()
+    planned: list[int] = []
     h = harness(tmp_path, policy("circuit_breaker:\n  max_share: 0.1\n", mode="approve"), kube, state=state)
-    first = await h.handle(diagnosis("train", "job-0", "gpu-0"))
-    second = await h.handle(diagnosis("train", "job-1", "gpu-1"))
-    planned = len(state.writes)
-    for i in (first, second):
-        h.store.approve(i.id, by="sre")
-    await h.responder._execute_again(first.id)
-    await h.responder._execute_again(second.id)
+    _first, second = await _two_plans_approved_then_run(h, planned=lambda: planned.append(len(state.writes)))
 
     assert kube.quarantines == ["gpu-0"]
     assert h.store.get(second.id).status is IncidentStatus.BLOCKED
-    at_run_time = state.writes[planned:]
+    at_run_time = state.writes[planned[0] :]
     assert [kind for kind, _ in at_run_time].count("reserve") == 2
     loop_thread = threading.current_thread().name
     assert [w for w in state.writes if w[1] == loop_thread] == []
