@@ -126,7 +126,7 @@ def env(tmp_path: Path) -> Env:
     root.mkdir()
     return Env(
         root=root,
-        bus=MemoryBus(partitions=1, orphan_bytes=64 << 20),
+        bus=MemoryBus(partitions=1, orphan_records=1_000_000, orphan_bytes=64 << 20),
         index=JobIndex(),
         telemetry=Telemetry(),
         tmp=tmp_path,
