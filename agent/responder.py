@@ -469,7 +469,9 @@ class Responder:
                 return await self._observe_only(incident, d, rc, degraded)
             return incident
         if not d.final:
-            if created and job is not None:
+            # Pods of a job another incident is recreating are that restart's to delete: held for
+            # this scene they would hold the restart (its delete waits for them) for nothing new.
+            if created and job is not None and await self.restart_under_way(job, incident.id) is None:
                 await self._protect(job)
             return incident
         if incident.status is IncidentStatus.OPEN:
@@ -843,6 +845,11 @@ class Responder:
 
     async def find_workload(self, job: JobRef) -> dict[str, Any] | None:
         return await self._workload(job)
+
+    async def restart_under_way(self, job: JobRef, incident_id: str) -> str | None:
+        return await asyncio.to_thread(
+            self.store.restarting, job.namespace, job.name, besides=incident_id, actions=_RESTARTS
+        )
 
     @property
     def stack_source(self) -> StackSource:

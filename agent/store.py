@@ -25,7 +25,7 @@ import json
 import sqlite3
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -418,6 +418,28 @@ class IncidentStore:
         steady fault rate hundreds are open at once, each waiting for its job's final diagnosis, and
         reading them all on every poll held the store from the incidents' own writes."""
         return self._going_on((IncidentStatus.ACTING,))
+
+    def restarting(self, namespace: str, job: str, *, besides: str, actions: Collection[str]) -> str | None:
+        """The incident (not `besides`) with one of `actions` (the restarting ones) on that job between
+        its delete and its create (its journal says deleting or creating), oldest first; else None."""
+        names = sorted(actions)
+        with self._lock:
+            row = self._db.execute(
+                "SELECT id FROM incidents WHERE status IN (?, ?) AND namespace = ? AND job = ? AND id != ? AND EXISTS "
+                "(SELECT 1 FROM actions a WHERE a.incident_id = incidents.id "
+                f"AND a.name IN ({', '.join('?' * len(names))}) AND a.state IN (?, ?)) ORDER BY created LIMIT 1",
+                (
+                    IncidentStatus.ACTING.value,
+                    IncidentStatus.BLOCKED.value,
+                    namespace,
+                    job,
+                    besides,
+                    *names,
+                    ActionState.DELETING.value,
+                    ActionState.CREATING.value,
+                ),
+            ).fetchone()
+        return str(row[0]) if row is not None else None
 
     def _going_on(self, statuses: tuple[IncidentStatus, ...]) -> list[Incident]:
         """Incidents in `statuses`, and blocked ones with an action still under way, oldest first."""

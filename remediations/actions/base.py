@@ -87,6 +87,11 @@ class Runtime(Protocol):
         """The job's workload object, whatever its kind (None: gone)."""
         ...
 
+    async def restart_under_way(self, job: JobRef, incident_id: str) -> str | None:
+        """Another incident than `incident_id` whose restart of the job is between its delete and its
+        create (the job is being recreated now), or None."""
+        ...
+
     async def replacement(
         self, incident_id: str, live: dict[str, Any], rc: RootCause
     ) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -1,7 +1,9 @@
 """restart_from_checkpoint (and raise_memory_limit, which is the same restart with more memory):
 recreate the job from its last complete checkpoint, bad nodes excluded; exactly once.
 
-Preconditions, checked before anything is deleted: the incident names a workload and it exists;
+Preconditions, checked before anything is deleted: no other incident is recreating the job (it
+deleted the job and has not created the replacement: this one waits, then finds that replacement
+and is cancelled as stale); the incident names a workload and it exists;
 it is the incarnation the plan was made for (uid, creationTimestamp, generation: else StalePlan);
 the restart budgets (rate, backoff, the lineage's lifetime cap) still allow it (else ActionBlocked).
 
@@ -94,7 +96,26 @@ async def run(call: ActionCall) -> None:
         return
     state = await call.state()
     if state in ("planned", "running") or params.get("body") is None:
+        other = await rt.restart_under_way(job, call.incident_id)
+        if other is not None:
+            # Another incident deleted the job and has not created its replacement yet (a second
+            # fault seen while the first was healed; its pods dying of that delete): this plan waits
+            # for that replacement rather than find nothing, or race it with a second one.
+            if params.get("waited_for") != other:
+                params["waited_for"] = other
+                await call.journal.update(call.seq, state, params=params)
+            raise TemporaryActionError(
+                f"{job.namespace}/{job.name} is being recreated by incident {other} (deleted, its replacement "
+                "not created yet): this incident waits for it, then looks again",
+                delay=rt.settings.retry_after_s,
+            )
         live = await rt.find_workload(job)
+        waited_for = params.get("waited_for")
+        if waited_for and live is not None and annotation(live, ANN_INCIDENT) == waited_for:
+            raise StalePlan(
+                f"{live.get('kind')} {job.namespace}/{job.name} was recreated by incident {waited_for} while this "
+                "plan waited: the plan is cancelled as stale and the new job left as it is"
+            )
         if live is None:
             # Nothing to restart and nobody restarted it: the incident fails and a person hears of it.
             raise PermanentActionError(
@@ -204,6 +225,7 @@ ACTION = ActionDef(
     spec=(RestartSpec,),
     parameters=("job_key", "exclude_nodes", "identity"),
     preconditions=(
+        "no other incident is recreating the workload (deleted, its replacement not created yet)",
         "the workload exists",
         "it is the incarnation the plan was made for",
         "the restart budgets (rate, backoff, lifetime cap) allow it",

@@ -258,6 +258,12 @@ class Agents:
     def terminal(self) -> list[tuple[str, IncidentStatus]]:
         return list(self.responder.handled.items())
 
+    def healed(self) -> list[tuple[str, IncidentStatus]]:
+        """The incidents settled, less those settled observe-only: a later fault of the job seen while
+        it was healed (its pods dying of the restart's delete) waits for the replacement and is then
+        cancelled as stale, which is not a second outcome of the fault under test."""
+        return [(i, st) for i, st in self.terminal() if st is not IncidentStatus.OBSERVED]
+
     async def stop(self) -> None:
         for a in (self.cluster, self.brain):
             a.stop.set()

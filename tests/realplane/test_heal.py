@@ -81,7 +81,7 @@ async def test_a_failed_node_is_avoided_and_the_job_resumes_elsewhere(
             plane.lose_node(bad)
             # The real node lifecycle controller notices the silent node and taints it.
             await until("the node tainted unreachable", lambda: has_taint(plane, bad, UNREACHABLE))
-        [(incident_id, status)] = await until("the incident handled", agents.terminal, timeout=120)
+        [(incident_id, status)] = await until("the incident handled", agents.healed, timeout=120)
         assert status is IncidentStatus.RESOLVED
         new = await replaced(plane, "llama", old_uid)
         nodes = await until("the replacement's pods Running", lambda: running_on(plane, new, 2))
@@ -166,7 +166,7 @@ async def test_a_slow_deletion_is_waited_for_before_the_replacement(fresh: KubeP
             content_type="application/merge-patch+json",
         )
         new = await replaced(plane, "slow", old_uid)
-        [(_, status)] = await until("the incident handled", agents.terminal, timeout=60)
+        [(_, status)] = await until("the incident handled", agents.healed, timeout=60)
         assert status is IncidentStatus.RESOLVED
         await until("the replacement's pods Running", lambda: running_on(plane, new, 2))
     finally:

@@ -122,7 +122,7 @@ async def test_a_failed_node_recreates_the_workload_from_its_checkpoint_on_healt
             plane.lose_node(bad)
             # The real node lifecycle controller notices the silent node and taints it.
             await until("the node tainted unreachable", lambda: has_taint(plane, bad, UNREACHABLE))
-        [(incident_id, status)] = await until("the incident handled", agents.terminal, timeout=120)
+        [(incident_id, status)] = await until("the incident handled", agents.healed, timeout=120)
         assert status is IncidentStatus.RESOLVED
 
         def replacement() -> dict[str, Any] | None:
@@ -241,7 +241,7 @@ async def test_a_custom_workload_held_by_a_finalizer_is_replaced_only_once_gone(
             {"metadata": {"finalizers": None}},
             content_type="application/merge-patch+json",
         )
-        [(_, status)] = await until("the incident handled", agents.terminal, timeout=90)
+        [(_, status)] = await until("the incident handled", agents.healed, timeout=90)
         assert status is IncidentStatus.RESOLVED
 
         def replacement() -> dict[str, Any] | None:

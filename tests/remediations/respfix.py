@@ -80,6 +80,8 @@ class FakeKube:
     quarantines: list[str] = field(default_factory=list)
     # The jobs' pods (most tests have none).
     pods: list[dict[str, Any]] = field(default_factory=list)
+    # Finalizers added to pods: (namespace, pod, finalizer).
+    finalizers_added: list[tuple[str, str, str]] = field(default_factory=list)
     # Circuit-breaker claims written (trainmedic.io/breaker-claim).
     claims_written: int = 0
     # The label selector of every node list (empty: all nodes).
@@ -229,7 +231,8 @@ class FakeKube:
         await self._rtt()
         return []
 
-    async def add_pod_finalizer(self, *args: Any) -> bool:
+    async def add_pod_finalizer(self, namespace: str, name: str, finalizer: str) -> bool:
+        self.finalizers_added.append((namespace, name, finalizer))
         return True
 
     async def remove_pod_finalizer(self, *args: Any) -> bool:

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from respfix import Crash, FakeKube, diagnosis, harness, job, node, policy
+from respfix import Crash, FakeKube, diagnosis, harness, job, node, pod, policy
 
 from trainmedic.agent.store import ActionState, IncidentStatus
 
@@ -65,6 +65,52 @@ async def test_a_job_still_terminating_is_waited_for_and_then_replaced(tmp_path:
     assert incident.status is IncidentStatus.RESOLVED
     assert len(kube.created) == 1
     assert kube.created[0]["metadata"]["annotations"]["trainmedic.io/incident"] == incident.id
+
+
+@pytest.mark.parametrize("gone_before_second", [False, True])
+@pytest.mark.looptime
+async def test_a_second_incident_waits_for_the_replacement_another_incident_is_creating(
+    tmp_path: Path, gone_before_second: bool
+) -> None:
+    """A second fault on the job (its pods dying of the first restart's delete) while the first
+    incident waits for the original to go: the second neither finds nothing and fails, nor races the
+    first with a replacement of its own; it waits, sees the first's replacement, and is cancelled as
+    stale. The job is recreated exactly once, by the first."""
+    kube = cluster("llama")
+    kube.terminating.add(("Job", "train", "llama"))
+    clock = Clock()
+    h = harness(tmp_path, policy(actions=RESTART), kube, clock=clock, wait_gone_s=5, gone_deadline_s=600)
+    first = await h.handle(diagnosis("train", "llama", "gpu-0"))
+    assert first.actions[0].state is ActionState.DELETING
+    if gone_before_second:
+        # The original went between the first's tries: the job does not exist at all now.
+        kube.terminating.clear()
+        del kube.workloads[("Job", "train", "llama")]
+
+    kube.pods.append(pod("train", "llama", "llama-0"))
+    # Its first, provisional diagnosis: the dying pods are the first restart's, not held for a scene.
+    await h.handle(diagnosis("train", "llama", "gpu-1", t=1010.0, n=1).model_copy(update={"final": False}))
+    assert kube.finalizers_added == []
+    second = await h.handle(diagnosis("train", "llama", "gpu-1", t=1010.0, n=1))
+    assert second.status is IncidentStatus.ACTING
+    assert second.actions[0].state is ActionState.RUNNING
+    assert "being recreated by incident " + first.id in (second.actions[0].result or {})["retry"]
+    assert kube.created == [] and len(kube.deleted) == 1
+
+    if not gone_before_second:
+        kube.terminating.clear()
+        del kube.workloads[("Job", "train", "llama")]
+    clock.t += 60
+    await h.responder._execute_again(first.id)
+    assert h.store.get(first.id).status is IncidentStatus.RESOLVED
+    await h.responder._execute_again(second.id)
+    second = h.store.get(second.id)
+    assert second.status is IncidentStatus.OBSERVED
+    assert second.actions[0].state is ActionState.SKIPPED
+    assert f"recreated by incident {first.id} while this plan waited" in (second.actions[0].result or {})["reason"]
+    [created] = kube.created
+    assert created["metadata"]["annotations"]["trainmedic.io/incident"] == first.id
+    assert len(kube.deleted) == 1
 
 
 @pytest.mark.looptime
