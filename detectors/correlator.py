@@ -207,8 +207,10 @@ def _follow_waits(root: RootCause, findings: list[Finding], places: Places) -> N
         root.chain = graph.chain(place)
         if place.startswith("rank ") and place[5:].isdigit():
             _move_to_rank(root, int(place[5:]), findings, places)
-        elif place != root.node:
-            root.node, root.device = place, None
+        else:
+            where = _where_is(place, findings, places)
+            if (where.node, where.device) != (root.node, root.device):
+                root.node, root.device = where.node, where.device
         root.chain_places = [_where_is(p, findings, places) for p in root.chain]
         arrow = " → ".join(root.chain)
         root.summary = I18nText(
@@ -237,7 +239,14 @@ def _where_is(place: str, findings: list[Finding], places: Places) -> Place:
         rank = int(place[5:])
         node, device = _rank_home(rank, findings, places)
         return Place(place=place, node=node, device=device, rank=rank)
-    return Place(place=place, node=place)
+    host, sep, device = place.rpartition("/")
+    if sep and host and device.isdigit():
+        # HCCL's `server/device`: the device of a server, the server resolved where the layout knows it.
+        known = places.ips.get(host)
+        node = known if known is not None and not known.startswith("rank ") else host
+        return Place(place=place, node=node, device=device)
+    known = places.ips.get(place)
+    return Place(place=place, node=known if known is not None and not known.startswith("rank ") else place)
 
 
 def _rank_home(rank: int, findings: list[Finding], places: Places) -> tuple[str | None, str | None]:
@@ -246,6 +255,20 @@ def _rank_home(rank: int, findings: list[Finding], places: Places) -> tuple[str 
     devices = {f.device for f in findings if f.rank == rank and f.device}
     node = nodes.pop() if len(nodes) == 1 else places.nodes.get(rank)
     device = devices.pop() if len(devices) == 1 else places.devices.get(rank)
+    if node is None or device is None:
+        # HCCL names a rank's place as `server/device` beside its number (the transport manager's
+        # localIpAddr / remoteIpAddr): the server resolved where the layout knows it.
+        homes = {
+            (where.node, where.device)
+            for f in findings
+            for ip_key, rank_key in (("src_ip", "rank"), ("peer_ip", "peer_rank"))
+            if f.groups.get(rank_key) == str(rank)
+            and (where := _where_is(f.groups.get(ip_key) or "", findings, places)).device is not None
+        }
+        if len(homes) == 1:
+            ((home_node, home_device),) = homes
+            node = node if node is not None else home_node
+            device = device if device is not None else home_device
     return node, device
 
 

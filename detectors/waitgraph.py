@@ -13,6 +13,10 @@ Edges come from named groups of the findings, never from a rule's wording:
   the finding's own rank, and `peer_rank`       HCCL link-error rows (`src_ip` / `peer_ip` map IPs)
   the finding's own rank, and `remote_rank`     HCCL notify-wait timeouts (EI0002)
   the finding's own rank or node, and `peer`    gloo / c10d connections to a peer's address
+  `src_server`/`src_device` -> `dst_server`/`dst_device`
+                                                HCCL's connect-timeout detection result, which names
+                                                both ends as server and device (place `server/device`,
+                                                HCCL's own `localIpAddr[server/device]` spelling)
 """
 
 from __future__ import annotations
@@ -114,7 +118,12 @@ def build(findings: Iterable[Finding], ip_places: Mapping[str, str] | None = Non
     for f in found:
         g = f.groups
         own = _rank(f.rank) or place(g.get("src_ip")) or f.node
-        if "peer_rank" in g:
+        if g.get("dst_server") and g.get("dst_device"):
+            # Both ends named by the line itself (the reporter may be a third device).
+            if g.get("src_server") and g.get("src_device"):
+                own = place(f"{g['src_server']}/{g['src_device']}")
+            waited = place(f"{g['dst_server']}/{g['dst_device']}")
+        elif "peer_rank" in g:
             waited = _rank(g.get("peer_rank")) or place(g.get("peer_ip"))
         elif "remote_rank" in g:
             waited = _rank(g.get("remote_rank"))

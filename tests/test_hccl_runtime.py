@@ -69,3 +69,46 @@ def test_runtime_fault_root(name: str, tmp_path: Path, re_engine: Engine) -> Non
     assert (rc.fault_class.value, rc.code, rc.device) == (fault_class, code, device)
     # One failure, one non-consequence root: the return code or the other forms never outrank it.
     assert {f.code for f in diagnosis.findings} - {code, "acl:507018"} == set()
+
+
+ROOTS = {
+    # The runtime's side of a notify-wait timeout: a hang on the device that waited, whose origin is
+    # elsewhere; the model-stream failure that comes with it is no second cause.
+    "notify-wait": (
+        [
+            "[ERROR] RUNTIME(935255,python):2023-05-11-20:08:58.101.548 [engine.cc:1361]935255 ReportExceptProc:Real "
+            "task exception! device_id=2, stream_id=1113, task_id=2, task_type=14 (NOTIFY_WAIT)",
+            "[ERROR] RUNTIME(935255,python):2023-05-11-20:08:58.101.557 [engine.cc:1366]935255 ReportExceptProc:Task "
+            "exception! device_id=2, stream_id=1867, task_id=1, type=13(MODEL_EXECUTE), failuremode =0, "
+            "retCode=0x91, [the model stream execute failed]",
+            "[ERROR] RUNTIME(935255,python):2023-05-11-20:08:58.102.344 [task.cc:4106]935255 PrintErrorInfo:Notify "
+            "wait execute failed, device_id=2, stream_id=1113, task_id=2, flip_num=0, notify_id=535",
+        ],
+        ("hang", "EI0002", "2"),
+    ),
+    # HCCL's consistency check: the ranks' collectives differ; the link setup failures it causes are not
+    # the cause, and a restart as is fails the same way (notify the owner).
+    "parameter-conflict": (
+        [
+            INIT,
+            "[ERROR] HCCL(3743927,python):2025-10-25-16:11:16.831.640 [rank_consistentcy_checker.cc:429] [3743951]"
+            "[InitChannelStage][ParameterConflict]CMD information tag check fail. "
+            "local[AllGather_10.0.0.1%enp_60000_0_1], remote[AllReduce_10.0.0.1%enp_60000_0_1]",
+            "[ERROR] HCCL(3743927,python):2025-10-25-16:11:16.831.666 [rank_consistentcy_checker.cc:439] [3743951]"
+            "[InitChannelStage][ParameterConflict]CMD information cmdType check fail. local[6], remote[2]",
+            "[ERROR] HCCL(3743927,python):2025-10-25-16:11:16.842.108 [hccl_communicator_host.cc:6370] [3743951]"
+            "[AllocAlgResource]Alloc transports failed, tag[AllGather_10.0.0.1%enp_60000_0_1_device]",
+        ],
+        ("app_error", "EI0005", None),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ROOTS))
+def test_hccl_root_among_its_consequences(name: str, tmp_path: Path, re_engine: Engine) -> None:
+    lines, (fault_class, code, device) = ROOTS[name]
+    log = tmp_path / "plog-935255_20230511200800123.log"
+    log.write_text("".join(f"{line}\n" for line in lines))
+    rc = diagnose_paths([str(log)], re_engine).root_cause
+    assert rc is not None
+    assert (rc.fault_class.value, rc.code, rc.device) == (fault_class, code, device)

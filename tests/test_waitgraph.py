@@ -106,3 +106,94 @@ def test_notify_wait_timeouts_name_the_remote_rank(tmp_path: Path, re_engine: En
     assert rc.fault_class.value == "hang"
     assert rc.rank == 2
     assert rc.chain[-1] == "rank 2"
+
+
+DETECT = (
+    "[ERROR] HCCL(17528,python3):2026-03-18-10:34:43.141.966 [detect_connect_anomalies.cc:132] [18744]This node "
+    "(server {me}, device ID {my_dev}) detects that srcRank (server {src}, device ID {src_dev}) fails to connect to "
+    "dstRank (server {dst}, device ID {dst_dev}). Continue to analyze the fault based on the logs of srcRank and "
+    "dstRank.\n"
+)
+TRANSPORT = (
+    "[ERROR] HCCL(17528,python3):2026-03-18-10:34:43.142.013 [transport_manager.cc:1325] [18744][InitChannelStage]"
+    "[Timeout]Transport init error! createLink para:rank[{rank}]-localUserrank[{rank}]-localIpAddr[{src}/{src_dev}], "
+    "remoteRank[{peer}]-remoteUserrank[{peer}]-remoteIpAddr[{dst}/{dst_dev}], machineType[1], linkMode[1], "
+    "isUsedRdma[0], tag[HcomAllReduce_6629421139219749105_0]\n"
+)
+
+
+def _detect(src: tuple[str, int], dst: tuple[str, int], me: tuple[str, int] | None = None) -> str:
+    me = me or src
+    return DETECT.format(me=me[0], my_dev=me[1], src=src[0], src_dev=src[1], dst=dst[0], dst_dev=dst[1])
+
+
+@pytest.mark.parametrize(
+    ("reports", "node", "device", "chain"),
+    [
+        # Two servers probe: each of server .1's devices 1 and 2 cannot reach device 3 of server .2,
+        # which itself reports nothing: the root is that device, named by server and device.
+        pytest.param(
+            {"a": [(("10.0.0.1", 1), ("10.0.0.2", 3)), (("10.0.0.1", 2), ("10.0.0.2", 3))], "b": []},
+            "10.0.0.2",
+            "3",
+            ["10.0.0.1/1", "10.0.0.2/3"],
+            id="two-waiters-one-device",
+        ),
+        # A chain across three servers, reported by a fourth device that is on none of its ends.
+        pytest.param(
+            {"a": [(("10.0.0.1", 0), ("10.0.0.2", 0))], "b": [(("10.0.0.2", 0), ("10.0.0.3", 5))], "c": []},
+            "10.0.0.3",
+            "5",
+            ["10.0.0.1/0", "10.0.0.2/0", "10.0.0.3/5"],
+            id="chain-of-3-servers",
+        ),
+    ],
+)
+def test_hccl_connect_detection_names_the_device_others_could_not_reach(
+    tmp_path: Path,
+    re_engine: Engine,
+    reports: dict[str, list[tuple[tuple[str, int], tuple[str, int]]]],
+    node: str,
+    device: str,
+    chain: list[str],
+) -> None:
+    for folder, pairs in reports.items():
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "plog-1_2026.log").write_text(
+            "".join(_detect(src, dst) for src, dst in pairs) or "[INFO] HCCL(1,python3): nothing wrong\n",
+            encoding="utf-8",
+        )
+    rc = diagnose_paths([str(tmp_path)], re_engine).root_cause
+    assert rc is not None
+    assert (rc.fault_class.value, rc.code) == ("comm_init", "EI0006")
+    assert (rc.node, rc.device, rc.rank) == (node, device, None)
+    assert rc.chain == chain
+    assert rc.candidates == []
+
+
+def test_hccl_connect_detection_maps_server_and_device_to_the_rank_of_the_transport_line(
+    tmp_path: Path, re_engine: Engine
+) -> None:
+    # Rank 1 (server .1, device 1) timed out towards rank 0 (server .2, device 0); the probe result says
+    # the same pair by server and device. One place per rank, not two.
+    (tmp_path / "plog-1_2026.log").write_text(
+        TRANSPORT.format(rank=1, src="10.0.0.1", src_dev=1, peer=0, dst="10.0.0.2", dst_dev=0)
+        + _detect(("10.0.0.1", 1), ("10.0.0.2", 0)),
+        encoding="utf-8",
+    )
+    rc = diagnose_paths([str(tmp_path)], re_engine).root_cause
+    assert rc is not None
+    assert rc.chain == ["rank 1", "rank 0"]
+    assert (rc.rank, rc.node, rc.device) == (0, "10.0.0.2", "0")
+    assert [(p.node, p.device) for p in rc.chain_places] == [("10.0.0.1", "1"), ("10.0.0.2", "0")]
+
+
+def test_hccl_devices_that_could_not_reach_each_other_are_both_candidates(tmp_path: Path, re_engine: Engine) -> None:
+    (tmp_path / "plog-1_2026.log").write_text(
+        _detect(("10.0.0.1", 1), ("10.0.0.2", 0)) + _detect(("10.0.0.2", 0), ("10.0.0.1", 1)), encoding="utf-8"
+    )
+    rc = diagnose_paths([str(tmp_path)], re_engine).root_cause
+    assert rc is not None
+    assert rc.candidates == ["10.0.0.1/1", "10.0.0.2/0"]
+    assert [(p.node, p.device) for p in rc.candidate_places] == [("10.0.0.1", "1"), ("10.0.0.2", "0")]
+    assert (rc.node, rc.device, rc.rank) == (None, None, None)
