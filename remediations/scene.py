@@ -50,7 +50,6 @@ may hold a secret.
 from __future__ import annotations
 
 import asyncio
-import functools
 import hashlib
 import json
 import math
@@ -1319,56 +1318,93 @@ async def _collect_events(
 async def _collect_metrics(
     writer: _Writer, nodes: list[str], fault: float, source: SceneSource, settings: SceneSettings
 ) -> None:
+    """The nodes' accelerator metrics over the window before the fault: read concurrently (bounded by
+    `concurrency`: one range query per node, a Prometheus round trip each), cleaned and written off the
+    event loop (tens of thousands of points for a large job)."""
     if not nodes:
         return
     start, end = fault - settings.metrics_window_s, fault
-    out: dict[str, dict[str, list[list[float | None]]]] = {}
-    missing: list[str] = []
-    redactions = 0
-    for node in nodes:
-        try:
-            series = await source.metrics_range(node, start, end, settings.metrics_step_s)
-        except NotImplementedError:
-            series = None
-        except Exception as exc:  # noqa: BLE001 - recorded
-            writer.problem(
-                f"metrics.json ({node})",
-                f"metrics could not be read: {type(exc).__name__}: {exc}"[:500],
-                f"无法读取指标：{type(exc).__name__}: {exc}"[:500],
-            )
-            continue
-        if series is None:
-            missing.append(node)
-            continue
-        node_out: dict[str, list[list[float | None]]] = {}
-        for raw_name, points in list(_map(series).items())[: settings.max_metric_series]:
-            name, n = writer.redactor.redact_str(str(raw_name))
-            redactions += n
-            clean: list[list[float | None]] = []
-            for pt in list(points)[-settings.max_metric_points :] if isinstance(points, Sequence) else []:
-                try:
-                    t, v = float(pt[0]), float(pt[1])
-                except (TypeError, ValueError, IndexError):
-                    continue
-                clean.append([t, v if math.isfinite(v) else None])
-            node_out[name] = clean
-        node_name, n = writer.redactor.redact_str(node)
-        redactions += n
-        out[node_name] = node_out
+    gate = asyncio.Semaphore(max(1, settings.concurrency))
+
+    async def read(node: str) -> Any:
+        async with gate:
+            try:
+                return await source.metrics_range(node, start, end, settings.metrics_step_s)
+            except NotImplementedError:
+                return None
+            except Exception as exc:  # noqa: BLE001 - recorded
+                writer.problem(
+                    f"metrics.json ({node})",
+                    f"metrics could not be read: {type(exc).__name__}: {exc}"[:500],
+                    f"无法读取指标：{type(exc).__name__}: {exc}"[:500],
+                )
+                return _UNREADABLE
+
+    read_all = await asyncio.gather(*(read(node) for node in nodes))
+    missing = [node for node, series in zip(nodes, read_all, strict=True) if series is None]
     if missing:
         writer.problem(
             "metrics.json",
             f"no metrics source for node(s) {', '.join(missing)}",
             f"节点 {', '.join(missing)} 没有可用的指标来源",
         )
-    if out:
+    found = [(node, series) for node, series in zip(nodes, read_all, strict=True) if series not in (None, _UNREADABLE)]
+    if not found:
+        return
+
+    def write() -> None:
+        out: dict[str, dict[str, list[list[float | None]]]] = {}
+        redactions = 0
+        for node, series in found:
+            node_out: dict[str, list[list[float | None]]] = {}
+            for raw_name, points in list(_map(series).items())[: settings.max_metric_series]:
+                name, n = writer.redactor.redact_str(str(raw_name))
+                redactions += n
+                node_out[name] = _clean_points(points, settings.max_metric_points)
+            node_name, n = writer.redactor.redact_str(node)
+            redactions += n
+            out[node_name] = node_out
         doc = {"window": {"start": start, "end": end, "step": settings.metrics_step_s}, "nodes": out}
-        await writer.run(
-            lambda: writer.put_data("metrics.json", "metrics", doc, fmt="json", bulky=True, redactions=redactions)
-        )
+        writer.put_data("metrics.json", "metrics", doc, fmt="json", bulky=True, redactions=redactions)
+
+    await writer.run(write)
+
+
+_UNREADABLE = object()
+_INF = math.inf
+
+
+def _clean_points(points: Any, limit: int) -> list[list[float | None]]:
+    """The last `limit` points of a series as [time, value] floats (Prometheus sends the value as a
+    string); a non-finite value becomes None (JSON has no NaN), a malformed point is dropped."""
+    if not isinstance(points, Sequence) or isinstance(points, str | bytes):
+        return []
+    clean: list[list[float | None]] = []
+    append = clean.append
+    for pt in (points if isinstance(points, list | tuple) else list(points))[-limit:]:
+        try:
+            v = float(pt[1])
+            append([float(pt[0]), v if -_INF < v < _INF else None])
+        except (TypeError, ValueError, IndexError, KeyError):
+            continue
+    return clean
 
 
 async def _collect_kernel(
+    writer: _Writer,
+    inputs: SceneInputs,
+    fault: float,
+    settings: SceneSettings,
+    findings: list[Finding],
+    needles: list[bytes],
+    evidence: dict[int, dict[str, Any]],
+) -> list[dict[str, Any]]:
+    """Every node's kernel lines in the window around the fault, one file per node: sorted, cut to
+    the node's share and written in one job off the event loop (a large job has hundreds of nodes)."""
+    return await writer.run(_write_kernel, writer, inputs, fault, settings, findings, needles, evidence)
+
+
+def _write_kernel(
     writer: _Writer,
     inputs: SceneInputs,
     fault: float,
@@ -1412,11 +1448,7 @@ async def _collect_kernel(
             for i, f in enumerate(findings)
             if f.source is Source.KERNEL and needles[i] and i not in evidence and f.node in (node, None)
         ]
-        entry, hits = await writer.run(
-            functools.partial(
-                writer.put_text, rel, "kernel", raw, meta={"node": node}, needles=[needles[i] for i in mine]
-            )
-        )
+        entry, hits = writer.put_text(rel, "kernel", raw, meta={"node": node}, needles=[needles[i] for i in mine])
         if entry is None:
             continue
         sections.append(

@@ -7,6 +7,7 @@ the reference; and one bundle collected from the emulated cluster through KubeOp
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import json
 import math
@@ -859,3 +860,47 @@ def test_events_of_one_second_keep_one_order_whatever_the_listing(tmp_path: Path
     result = asyncio.run(save_scene(tmp_path, inputs, source, FAST))
     saved = yaml.safe_load((result.dir / "events.yaml").read_text())
     assert [e["reason"] for e in saved] == ["BackOff", "Failed", "Killing", "Unhealthy"]
+
+
+class SlowMetrics(FakeSource):
+    """A metrics source that answers each range query after a second (a Prometheus round trip)."""
+
+    def __init__(self, metrics: Mapping[str, Any]) -> None:
+        super().__init__({}, metrics=metrics)
+        self.in_flight = 0
+        self.most_in_flight = 0
+
+    async def metrics_range(
+        self, node: str, start: float, end: float, step: float
+    ) -> Mapping[str, list[tuple[float, float]]] | None:
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        try:
+            await asyncio.sleep(1.0)
+            return await super().metrics_range(node, start, end, step)
+        finally:
+            self.in_flight -= 1
+
+
+@pytest.mark.looptime
+@pytest.mark.asyncio
+async def test_the_nodes_metrics_are_read_concurrently_within_the_bound(tmp_path: Path) -> None:
+    """40 nodes, 8 queries at a time: 5 seconds of round trips, not 40; every node's series kept, each
+    point cleaned (a non-finite value is null, a malformed point dropped, a string value parsed)."""
+    nodes = [f"node-{i:02d}" for i in range(40)]
+    metrics = {
+        n: {"accelerator_utilization": [(NOW - 30, 97.5), (NOW - 15, float("nan")), ("bad",), (NOW, "12.5")]}
+        for n in nodes
+    }
+    source = SlowMetrics(metrics)
+    settings = dataclasses.replace(FAST, concurrency=8)
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    result = await save_scene(
+        tmp_path, simple_inputs([], nodes=[{"metadata": {"name": n}} for n in nodes]), source, settings
+    )
+    assert loop.time() - t0 == pytest.approx(5.0, abs=0.5)
+    assert source.most_in_flight == 8
+    saved = json.loads(files_of(result.dir)["metrics.json"])["nodes"]
+    assert sorted(saved) == nodes
+    assert saved["node-17"]["accelerator_utilization"] == [[NOW - 30, 97.5], [NOW - 15, None], [NOW, 12.5]]
