@@ -107,14 +107,8 @@ class Releases:
 
 
 def make_app(store: IncidentStore | None, settings: ApiSettings | None = None, **kw: Any) -> FastAPI:
-    return create_app(
-        store=store,
-        telemetry=Telemetry(),
-        settings=settings or ApiSettings(token=TOKEN),
-        render=render,
-        env={},
-        **kw,
-    )
+    kw.setdefault("render", render)
+    return create_app(store=store, telemetry=Telemetry(), settings=settings or ApiSettings(token=TOKEN), env={}, **kw)
 
 
 @contextlib.asynccontextmanager
@@ -364,7 +358,8 @@ async def test_incident_page_parts(store: IncidentStore, pending: str, tmp_path:
     assert "train.log:7" in html and "GPU has fallen off the bus" in html
     assert "logs/train.log" in html and "2.0 KiB" in html
     assert "scene_saved" in html and "planned" in html
-    assert f'src="/console/incidents/{pending}/report?lang=en"' in html
+    assert f'src="/console/incidents/{pending}/scene/report.html?lang=en"' in html
+    assert f'href="/console/incidents/{pending}/scene/logs/train.log"' in html
     assert report.status_code == 200 and f"report {pending} zh" in report.text
     assert "frame-ancestors 'self'" in report.headers["content-security-policy"]
     assert r.headers["referrer-policy"] == "no-referrer" and r.headers["cache-control"] == "no-store"
@@ -841,3 +836,107 @@ async def test_the_console_prefix_opens_no_api_route(store: IncidentStore, pendi
     await app(scope, receive, send)
     assert sent[0]["status"] == 404
     assert store.get(pending).status is IncidentStatus.AWAITING_APPROVAL
+
+
+def stack_report(incident_id: str, fmt: str, lang: str) -> str:
+    """A report that links a saved stack dump relatively, as reports/templates/report.html.j2 does."""
+    return f'<!doctype html><html><body><a href="stacks/rank%201.txt">stack</a> {incident_id} {lang}</body></html>'
+
+
+@pytest.fixture
+def with_scene(store: IncidentStore, pending: str, tmp_path: Path) -> Path:
+    scene = tmp_path / "scenes" / pending
+    (scene / "stacks").mkdir(parents=True)
+    (scene / "layout" / "node-a").mkdir(parents=True)
+    (scene / "manifest.json").write_text('{"files": []}')
+    (scene / "stacks" / "rank 1.txt").write_text("Thread 0x7f (most recent call first):\n  File train.py\n")
+    (scene / "layout" / "node-a" / "dmesg").write_text("NVRM: Xid 79\n")
+    (scene / "layout" / "node-a" / "rank0.log").write_text("<script>alert(1)</script>\n")
+    (scene / "bundle.tar.gz").write_bytes(b"\x1f\x8b\x08\x00")
+    (scene / ".manifest.json.tmp").write_text("{}")
+    (tmp_path / "scenes" / "secret.txt").write_text(SECRET_VALUE)
+    (tmp_path / "outside.txt").write_text(SECRET_VALUE)
+    (scene / "layout" / "escape.log").symlink_to(tmp_path / "outside.txt")
+    (scene / "linked").symlink_to(tmp_path / "scenes", target_is_directory=True)
+    store.set_scene(pending, str(scene))
+    return scene
+
+
+@pytest.mark.asyncio
+async def test_the_reports_relative_links_reach_the_scene_files(
+    store: IncidentStore, pending: str, with_scene: Path
+) -> None:
+    async with client(make_app(store, render=stack_report)) as c:
+        report_url = f"/console/incidents/{pending}/scene/report.html?lang=en"
+        report = await c.get(report_url, headers=AUTH)
+        assert report.status_code == 200
+        href = re.search(r'href="([^"]+)"', report.text)
+        assert href is not None
+        stack = await c.get(str(httpx.URL(BASE + report_url).join(href.group(1))), headers=AUTH)
+    assert stack.status_code == 200
+    assert stack.text.startswith("Thread 0x7f")
+    assert stack.headers["content-type"] == "text/plain; charset=utf-8"
+
+
+@pytest.mark.parametrize(
+    ("rel", "media"),
+    [
+        ("layout/node-a/dmesg", "text/plain; charset=utf-8"),
+        ("manifest.json", "text/plain; charset=utf-8"),
+        # A log holding markup is text, never a page of this site.
+        ("layout/node-a/rank0.log", "text/plain; charset=utf-8"),
+        ("bundle.tar.gz", "application/octet-stream"),
+    ],
+)
+@pytest.mark.asyncio
+async def test_scene_files_are_served_as_data(
+    store: IncidentStore, pending: str, with_scene: Path, rel: str, media: str
+) -> None:
+    async with client(make_app(store)) as c:
+        r = await c.get(f"/console/incidents/{pending}/scene/{rel}", headers=AUTH)
+    assert r.status_code == 200
+    assert r.content == (with_scene / rel).read_bytes()
+    assert r.headers["content-type"] == media
+    assert (
+        "sandbox" in r.headers["content-security-policy"]
+        and "default-src 'none'" in r.headers["content-security-policy"]
+    )
+    assert r.headers["x-content-type-options"] == "nosniff"
+    assert r.headers["content-disposition"].startswith(
+        "attachment" if media == "application/octet-stream" else "inline"
+    )
+
+
+@pytest.mark.parametrize(
+    "rel",
+    [
+        "../secret.txt",
+        "..%2Fsecret.txt",
+        "%2e%2e/secret.txt",
+        "stacks/../../secret.txt",
+        "layout/escape.log",
+        "linked/secret.txt",
+        ".manifest.json.tmp",
+        "stacks",
+        "stacks/",
+        "missing.log",
+        "%2Ftmp%2Fsecret.txt",
+        "stacks%5C..%5C..%5Csecret.txt",
+    ],
+)
+@pytest.mark.asyncio
+async def test_nothing_outside_the_scene_bundle_is_served(
+    store: IncidentStore, pending: str, with_scene: Path, rel: str
+) -> None:
+    async with client(make_app(store)) as c:
+        r = await c.get(f"/console/incidents/{pending}/scene/{rel}", headers=AUTH)
+    assert r.status_code == 404
+    assert SECRET_VALUE not in r.text
+
+
+@pytest.mark.asyncio
+async def test_scene_files_need_a_session_or_the_token(store: IncidentStore, pending: str, with_scene: Path) -> None:
+    async with client(make_app(store)) as c:
+        r = await c.get(f"/console/incidents/{pending}/scene/layout/node-a/dmesg")
+    assert r.status_code in (303, 401)
+    assert "Xid 79" not in r.text

@@ -98,6 +98,45 @@ def scene_files(scene_dir: str | None) -> tuple[str, list[dict[str, Any]]]:
     return "ok", files
 
 
+# How a scene file is served: text as text (never as a page of this site), a saved report as the
+# report it is (no script runs under REPORT_CSP), anything else as a download.
+TEXT_SUFFIXES = frozenset({".log", ".txt", ".yaml", ".yml", ".json", ".md", ".csv", ".prom", ""})
+
+
+def scene_file(scene_dir: str | None, rel: str) -> Path | None:
+    """The regular file `rel` inside the incident's scene bundle, or None: nothing outside the
+    bundle (`..`, an absolute path, a symbolic link anywhere on the way), no hidden or temporary
+    file (a bundle being written), no directory."""
+    if not scene_dir or not rel or len(rel) > 1024 or "\x00" in rel or "\\" in rel:
+        return None
+    parts_ = rel.split("/")
+    if any(p in ("", ".", "..") or p.startswith(".") for p in parts_):
+        return None
+    root = Path(scene_dir)
+    here = root
+    try:
+        if root.is_symlink() or not root.is_dir():
+            return None
+        for p in parts_:
+            here = here / p
+            if here.is_symlink():
+                return None
+        if not here.is_file() or not here.resolve().is_relative_to(root.resolve()):
+            return None
+    except (OSError, ValueError):
+        return None
+    return here
+
+
+def scene_media(path: Path) -> tuple[str, bool]:
+    """(media type, inline) for a scene file."""
+    if path.suffix.lower() == ".html":
+        return "text/html; charset=utf-8", True
+    if path.suffix.lower() in TEXT_SUFFIXES or path.name in ("dmesg", "messages"):
+        return "text/plain; charset=utf-8", True
+    return "application/octet-stream", False
+
+
 def actions(incident: Incident) -> list[dict[str, Any]]:
     out = []
     for a in incident.actions:

@@ -4,7 +4,13 @@
     GET  /console/login, POST /console/login, POST /console/logout
     GET  /console/incidents               list: status, fault class, chip, node, job, time range, pages
     GET  /console/incidents/{id}          the incident: outcome, plan, decision, timeline, evidence, scene
-    GET  /console/incidents/{id}/report   the incident's HTML report (framed by the incident page)
+    GET  /console/incidents/{id}/report   the incident's HTML report
+    GET  /console/incidents/{id}/scene/report.html
+                                          the same report (framed by the incident page), where the
+                                          report's relative links (saved stacks) reach the bundle
+    GET  /console/incidents/{id}/scene/PATH
+                                          a file of the incident's scene bundle (redacted evidence):
+                                          text as text/plain, a saved report under the report's CSP
     POST /console/incidents/{id}/approve|reject|release
     GET  /console/changes[?incident=ID]   {"updated", "count"}: what the live-update script polls
     GET  /console/link/{token}            a signed approve link: a confirmation page (never a change)
@@ -30,10 +36,10 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode
 
 from fastapi import APIRouter, FastAPI, Request
-from fastapi.responses import HTMLResponse, JSONResponse, Response
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response
 
 from trainmedic.agent.authlimit import AuthFailures, client_address
 from trainmedic.agent.config import ApiSettings
@@ -174,6 +180,10 @@ def _parse_time(raw: str | None) -> float | None:
 
 
 # -- the routes ------------------------------------------------------------------------------------
+
+
+# A scene file is data: nothing in it runs, loads or frames anything.
+SCENE_CSP = "default-src 'none'; sandbox; frame-ancestors 'self'"
 
 
 def mount_console(
@@ -411,7 +421,8 @@ def mount_console(
             lang=lang,
             done=request.query_params.get("done") if request.query_params.get("done") in _DONE else None,
             can_release=console.release is not None,
-            report_url=f"{PREFIX}/incidents/{incident.id}/report?lang={lang}",
+            report_url=f"{PREFIX}/incidents/{incident.id}/scene/report.html?lang={lang}",
+            scene_url=f"{PREFIX}/incidents/{incident.id}/scene/",
             live_url=f"{PREFIX}/changes?{urlencode({'incident': incident.id})}",
             live_since=incident.updated,
             live_count=0,
@@ -432,6 +443,25 @@ def mount_console(
             log.exception("console: report of incident %s (%s) failed", incident.id, lang)
             raise Refusal(500, "report_failed") from e
         return HTMLResponse(html, headers={**HEADERS, "Content-Security-Policy": REPORT_CSP})
+
+    @router.get("/incidents/{incident_id}/scene/{rel:path}")
+    async def scene_file(request: Request, incident_id: str, rel: str) -> Response:
+        if rel == "report.html":
+            return await report(request, incident_id)
+        console.viewer(request)
+        s = console.need_store()
+        incident = await asyncio.to_thread(find, s, incident_id)
+        path = await asyncio.to_thread(parts.scene_file, incident.scene_dir, rel)
+        if path is None:
+            raise Refusal(404, "not_found")
+        media, inline = parts.scene_media(path)
+        disposition = "inline" if inline else "attachment"
+        headers = {
+            **HEADERS,
+            "Content-Security-Policy": REPORT_CSP if media.startswith("text/html") else f"{SCENE_CSP}",
+            "Content-Disposition": f"{disposition}; filename*=UTF-8''{quote(path.name)}",
+        }
+        return FileResponse(path, media_type=media, headers=headers)
 
     @router.get("/changes")
     async def changes(request: Request) -> Response:
