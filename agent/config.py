@@ -212,6 +212,13 @@ class RemediateSettings(_Group):
     metrics_window_s: float = Field(
         900.0, gt=0, description="Device metrics of this many seconds before a fault go into its scene."
     )
+    metrics_after_s: float = Field(
+        60.0,
+        ge=0,
+        description="... and of up to this many seconds after it, as far as the scene's time (what the fault did "
+        "to the devices).",
+    )
+    metrics_step_s: float = Field(15.0, gt=0, description="The step of the scene's device metrics (a scrape interval).")
     body_dir: str | None = Field(
         None,
         description="Where a restart's full replacement body (env values included) waits between the delete and "

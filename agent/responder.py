@@ -122,6 +122,8 @@ class ResponderSettings:
     stacks: bool = True
     stack_timeout_s: float = 20.0
     metrics_window_s: float = 900.0
+    metrics_after_s: float = 60.0
+    metrics_step_s: float = 15.0
     # Checkpoint paths as the job declares them -> as this agent sees them (shared volume mounts).
     checkpoint_path_map: dict[str, str] = field(default_factory=dict)
     wait_gone_s: float = 120.0
@@ -963,6 +965,8 @@ class Responder:
             stacks=self.settings.stacks,
             stack_timeout_s=self.settings.stack_timeout_s,
             metrics_window_s=self.settings.metrics_window_s,
+            metrics_after_s=self.settings.metrics_after_s,
+            metrics_step_s=self.settings.metrics_step_s,
         )
         result = await save_scene(self.settings.scene_dir, inputs, _SceneSource(self), settings)
         await asyncio.to_thread(

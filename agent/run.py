@@ -123,9 +123,12 @@ def build_agent(
     bus: Bus | None = None,
     telemetry: Telemetry | None = None,
     api_client: Any = None,
+    prom_client: Any = None,
     clock: Callable[[], float] = time.time,
 ) -> Agent:
-    """Assemble the components of a role. `bus` and `api_client` may be given (tests, the demo)."""
+    """Assemble the components of a role. `bus`, `api_client` and `prom_client` (what answers the
+    metrics watcher's Prometheus queries when `metrics.prometheus_url` is set) may be given (tests,
+    the demo)."""
     telemetry = telemetry or Telemetry()
     agent = Agent(settings=settings, role=role, bus=bus or make_bus(settings, telemetry), telemetry=telemetry)
     producer = f"{role.value}/{settings.node_name}"
@@ -157,6 +160,7 @@ def build_agent(
             telemetry=telemetry,
             producer=producer,
             interval_s=settings.metrics.interval_s,
+            client=prom_client,
         )
         agent.components["prometheus"] = prom.run
     elif cluster_sources:
@@ -186,7 +190,7 @@ def build_agent(
         telemetry.refreshers.append(brain.report)
         agent.components["brain"] = lambda: brain.run(agent.stop)
         if settings.remediate.enabled and settings.kubernetes.enabled:
-            _add_responder(agent, api_client, producer, clock)
+            _add_responder(agent, api_client, producer, clock, prom_client)
         elif not settings.remediate.enabled:
             agent.disabled["responder"] = "remediate.enabled is false"
         else:
@@ -219,7 +223,9 @@ def responder_settings(settings: Settings) -> ResponderSettings:
     return ResponderSettings(**values)
 
 
-def _add_responder(agent: Agent, api_client: Any, producer: str, clock: Callable[[], float]) -> None:
+def _add_responder(
+    agent: Agent, api_client: Any, producer: str, clock: Callable[[], float], prom_client: Any = None
+) -> None:
     """The responder: scene, policy, actions. Off (with the reason logged) when its parts cannot start."""
     from trainmedic.agent.responder import Responder
     from trainmedic.agent.store import IncidentStore, StoreError
@@ -255,6 +261,7 @@ def _add_responder(agent: Agent, api_client: Any, producer: str, clock: Callable
             job_index=agent.job_index,
             telemetry=agent.telemetry,
             producer=producer,
+            client=prom_client,
         )
         metrics_range = prom.range_query
     brain = agent.brain

@@ -199,6 +199,8 @@ class SceneSettings:
     max_kernel_lines: int = 20_000
     # Accelerator metrics of this window before the fault, at this resolution.
     metrics_window_s: float = 900.0
+    # After the fault, up to the scene's own time: what the fault did to the devices.
+    metrics_after_s: float = 60.0
     metrics_step_s: float = 15.0
     max_metric_series: int = 256
     max_metric_points: int = 4096
@@ -1117,7 +1119,7 @@ async def _build(writer: _Writer, inputs: SceneInputs, source: SceneSource, sett
     await _all(
         _collect_logs(writer, pods, source, settings, findings, needles, evidence),
         _collect_events(writer, inputs, pods, node_names, source, settings),
-        _collect_metrics(writer, node_names, fault, source, settings),
+        _collect_metrics(writer, node_names, fault, inputs.now, source, settings),
     )
     kernel_sections = await _collect_kernel(writer, inputs, fault, settings, findings, needles, evidence)
     await writer.run(_write_objects, writer, inputs, pods)
@@ -1316,14 +1318,15 @@ async def _collect_events(
 
 
 async def _collect_metrics(
-    writer: _Writer, nodes: list[str], fault: float, source: SceneSource, settings: SceneSettings
+    writer: _Writer, nodes: list[str], fault: float, now: float, source: SceneSource, settings: SceneSettings
 ) -> None:
-    """The nodes' accelerator metrics over the window before the fault: read concurrently (bounded by
-    `concurrency`: one range query per node, a Prometheus round trip each), cleaned and written off the
-    event loop (tens of thousands of points for a large job)."""
+    """The nodes' accelerator metrics from `metrics_window_s` before the fault to `metrics_after_s`
+    after it (no later than the scene's time): read concurrently (bounded by `concurrency`: one range
+    query per node, a Prometheus round trip each), cleaned and written off the event loop (tens of
+    thousands of points for a large job)."""
     if not nodes:
         return
-    start, end = fault - settings.metrics_window_s, fault
+    start, end = fault - settings.metrics_window_s, max(fault, min(now, fault + settings.metrics_after_s))
     gate = asyncio.Semaphore(max(1, settings.concurrency))
 
     async def read(node: str) -> Any:

@@ -168,6 +168,15 @@ async def test_demo_fault_end_to_end(fault: str, tmp_path: Path) -> None:
     assert doc["webhooks_delivered"] >= 2, "at least the plan and the resolution"
     assert doc["webhooks_verified"] in (None, doc["webhooks_delivered"])
     assert doc["report_html"] is not None and Path(doc["report_html"]).is_file()
+    # Device metrics came through the metrics watcher (the nodes' simulated exporters): the scene keeps
+    # the root node's series, and the report charts them.
+    metrics = json.loads((scene / "metrics.json").read_text())
+    assert want["node"] in metrics["nodes"]
+    assert "<svg" in Path(doc["report_html"]).read_text(encoding="utf-8")
+    if fault == "oom":
+        # The device that ran out of memory filled up in the minute before.
+        used = [v for _, v in metrics["nodes"][want["node"]]["accelerator_memory_used{0}"]]
+        assert used[0] < 0.8 * 81_559 < 0.95 * 81_559 < used[-1]
 
     [workload] = seen["workloads"]
     annotations = workload["metadata"].get("annotations") or {}

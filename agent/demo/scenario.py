@@ -53,6 +53,7 @@ from trainmedic.agent.demo.logs import (
     torchrun_peer_stop_lines,
     xid79_message,
 )
+from trainmedic.agent.demo.metrics import DemoMetrics, FailKind
 from trainmedic.agent.demo.output import Progress, duration
 from trainmedic.agent.demo.receiver import WebhookReceiver
 from trainmedic.agent.demo.training import Controllers, Incarnation, JobProfile, NodeKernelLogs, TrainingRun, World
@@ -68,11 +69,13 @@ MOUNT = "/mnt/ckpt"  # where the jobs mount the shared checkpoint volume
 GPU_NODES = ("gpu-1", "gpu-2", "gpu-3")
 NPU_NODES = ("npu-1", "npu-2", "npu-3")
 # The demo's time scale (a cluster's defaults: 30 s, 300 s, 1m, 1 s).
-WINDOW_S = 0.5  # detect.window_s: how long a diagnosis window gathers evidence
+WINDOW_S = 1.0  # detect.window_s: how long a diagnosis window gathers evidence (a loaded machine follows logs late)
 HANG_FLOOR_S = 1.5  # detect.hang_floor_s in the hang fault: the shortest silence that can be a hang
 QUIET_FLOOR_S = 60.0  # ... in the others, where a pause of the demo's own process must not look like one
 BACKOFF = "0.2s"  # the policy's first backoff between two restarts of one job
 TICK_S = 0.1  # how often the brain closes windows and checks for hangs
+METRICS_INTERVAL_S = 1.0  # metrics.interval_s: how often the watcher reads the exporters
+DEMO_METRICS_URL = "demo://exporters"  # what the watcher's messages call the demo's metrics
 
 
 # -- what one fault's run produced ----------------------------------------------------------------------
@@ -223,6 +226,12 @@ class DemoCluster:
     workdir: Path
     t0: float | None = None
     first: Incarnation | None = None
+    # The nodes' exporters as the metrics watcher reads them (agent/demo/metrics.py).
+    metrics: DemoMetrics | None = None
+
+    def devices_fail(self, node: str | None, kind: FailKind, *, at: float, devices: list[str] | None = None) -> None:
+        if self.metrics is not None and node:
+            self.metrics.fail(node, kind, at=at, devices=devices)
 
 
 @dataclass(frozen=True)
@@ -255,6 +264,8 @@ async def _inject_xid(dc: DemoCluster, run: TrainingRun) -> tuple[str, str]:
         dc.t0 = time.time()
         dc.progress.t0 = dc.t0
         dc.kernels.write(bad.node or "?", xid79_message("0000:3b:00", 57))
+        dc.devices_fail(bad.node, "xid", at=dc.t0, devices=["0"])
+        dc.devices_fail(r.ranks[0].node, "idle", at=dc.t0)
         await asyncio.sleep(0.05)
         # The peer's collective never completes; its watchdog aborts the process (time compressed).
         r.log(r.ranks[0], *nccl_watchdog_lines(0, time.time(), 7753))
@@ -275,6 +286,9 @@ async def _inject_oom(dc: DemoCluster, run: TrainingRun) -> tuple[str, str]:
     lead, peer = run.ranks[0], run.ranks[1]
     dc.t0 = time.time()
     dc.progress.t0 = dc.t0
+    # Device memory filled over the last minute; the process is gone after.
+    dc.devices_fail(lead.node, "oom", at=dc.t0, devices=["0"])
+    dc.devices_fail(peer.node, "idle", at=dc.t0)
     run.end()
     step = run.step + 1
     run.log(lead, *cuda_oom_lines(0, lead.name, time.time()))
@@ -309,6 +323,7 @@ async def _inject_hccl(dc: DemoCluster, run: TrainingRun) -> tuple[str, str]:
     broken = run.ranks[1].node or "?"
     dc.t0 = time.time()
     dc.progress.t0 = dc.t0
+    dc.devices_fail(broken, "link", at=dc.t0)
     dc.world.collective_check = _hccl_link_down(broken)
     return (
         f"the RoCE link of {broken} goes down: HCCL cannot build its links (EI0006), on every restart there",
@@ -320,6 +335,8 @@ async def _inject_hang(dc: DemoCluster, run: TrainingRun) -> tuple[str, str]:
     last = run.pause()
     dc.t0 = last if last is not None else time.time()
     dc.progress.t0 = dc.t0
+    for r in run.ranks:
+        dc.devices_fail(r.node, "idle", at=dc.t0)
     return (
         f"every rank blocks in all_reduce after step {run.step}: no more steps, no error line, the pods keep running",
         f"第 {run.step} 步之后所有 rank 卡在 all_reduce：不再有进展，没有任何报错，Pod 仍在运行",
@@ -333,6 +350,8 @@ async def _inject_node_lost(dc: DemoCluster, run: TrainingRun) -> tuple[str, str
     node = lost.node or "?"
     dc.t0 = time.time()
     dc.progress.t0 = dc.t0
+    dc.devices_fail(node, "lost", at=dc.t0)
+    dc.devices_fail(peer.node, "idle", at=dc.t0)
     run.end()
     await dc.cluster.lose_node(node)
     await asyncio.sleep(0.05)
@@ -349,6 +368,8 @@ async def _inject_app_error(dc: DemoCluster, run: TrainingRun) -> tuple[str, str
     bad, peer = run.ranks[1], run.ranks[0]
     dc.t0 = time.time()
     dc.progress.t0 = dc.t0
+    for r in (bad, peer):
+        dc.devices_fail(r.node, "idle", at=dc.t0)
     run.end()
     step = run.step + 1
     run.log(bad, *key_error_lines(8, bad.node or "?", time.time()))
@@ -583,11 +604,12 @@ def demo_settings(
         "log_format": "text",
         "log_level": "WARNING",
         # Container logs come through the API (no /var/log/pods here); kernel lines from the nodes'
-        # kern.log files, each followed by its node agent; no NVML, no Prometheus.
+        # kern.log files, each followed by its node agent; device metrics from the nodes' simulated
+        # exporters through the metrics watcher (agent/demo/metrics.py); no NVML.
         "kubernetes": {"follow_pod_logs": True},
         "logs": {"enabled": False},
         "kernel": {"source": "off"},
-        "metrics": {"nvml": False},
+        "metrics": {"nvml": False, "prometheus_url": DEMO_METRICS_URL, "interval_s": METRICS_INTERVAL_S},
         "detect": {"window_s": WINDOW_S, "hang_floor_s": hang_floor_s, "tick_s": TICK_S},
         "remediate": {
             "mode": "enforce",
@@ -597,6 +619,9 @@ def demo_settings(
             "checkpoint_path_map": {MOUNT: str(workdir / "shared-volume")},
             "wait_gone_s": 10,
             "log_lines": 2000,
+            # The demo's minutes: the last two before the fault, a sample every two seconds.
+            "metrics_window_s": 120,
+            "metrics_step_s": 2,
         },
     }
     fields = Settings.model_fields
@@ -683,7 +708,10 @@ async def _run(
         world = World(mounts={MOUNT: shared}, profiles={sc.job: sc.profile})
         controllers = Controllers(cluster, world)
         kernels = NodeKernelLogs(workdir / "nodes", [*GPU_NODES, *NPU_NODES])
-        agent = build_agent(settings, Role.ALL, bus=MemoryBus(partitions=4), api_client=kube.api_client())
+        metrics = DemoMetrics(GPU_NODES, NPU_NODES)
+        agent = build_agent(
+            settings, Role.ALL, bus=MemoryBus(partitions=4), api_client=kube.api_client(), prom_client=metrics
+        )
         if agent.responder is None:
             raise RuntimeError(f"the responder is off: {agent.disabled.get('responder', 'unknown reason')}")
         agent.components.update(
@@ -699,7 +727,7 @@ async def _run(
         agent_task = asyncio.create_task(run_agent(agent, drain_timeout_s=10), name="demo:agent")
         controllers_task = asyncio.create_task(controllers.run(stop), name="demo:controllers")
         store = IncidentStore(settings.remediate.store)
-        dc = DemoCluster(kube, cluster, world, controllers, kernels, agent, store, progress, workdir)
+        dc = DemoCluster(kube, cluster, world, controllers, kernels, agent, store, progress, workdir, metrics=metrics)
         watch = IncidentWatch(store, sc.job, progress)
         world.on_event = _world_events(dc, sc)
         watcher = asyncio.create_task(_poll(watch, stop), name="demo:watch")
@@ -767,6 +795,9 @@ def _world_events(dc: DemoCluster, sc: Scenario) -> Callable[[str, Incarnation, 
                 p.line("job_running", job=f"{kind} {inc.namespace}/{inc.name}", nodes=nodes)
             else:
                 p.line("rescheduled", nodes=nodes)
+            if dc.metrics is not None:
+                for node in detail.get("nodes") or []:
+                    dc.metrics.resume(node)
         elif what == "unschedulable":
             p.line("pending", message=detail.get("message"))
         elif what == "resumed":

@@ -326,7 +326,8 @@ async def test_bundle_of_a_two_pod_job(tmp_path: Path, re_engine: Engine) -> Non
         [NOW - 30, 0.0],
         [NOW - 15, None],
     ]
-    assert saved_metrics["window"] == {"start": NOW - 5 - 900, "end": NOW - 5, "step": 15.0}
+    # From 15 minutes before the fault to the scene's own time (at most a minute after the fault).
+    assert saved_metrics["window"] == {"start": NOW - 5 - 900, "end": NOW, "step": 15.0}
     assert [p["what"] for p in manifest["problems"]] == ["metrics.json"]
     assert "node-b" in manifest["problems"][0]["reason"]["en"] and "node-b" in manifest["problems"][0]["reason"]["zh"]
     # Findings: the contract JSON plus places, and evidence lines in the bundle's own files.
