@@ -957,14 +957,24 @@ class KubeOps:
                 patch["spec"] = spec_patch
             return patch or None
 
-        get = lambda: self.get_node(node)  # noqa: E731
+        # The node as last seen (read, or the spec patch's answer): the status step starts from it
+        # rather than reading the node once more.
+        last: dict[str, JSON] = {}
+
+        async def get() -> JSON | None:
+            obj = await self.get_node(node)
+            if obj is not None:
+                last["node"] = obj
+            return obj
+
+        async def write_spec(patch: JSON) -> JSON:
+            obj = await self._request(patch_what, self.core.patch_node, node, patch, _content_type=MERGE_PATCH)
+            if isinstance(obj, dict) and obj.get("metadata"):
+                last["node"] = obj
+            return obj
+
         patch_what = _What("patch", NODES, name=node)
-        outcome = await self._read_modify_write(
-            get,
-            change_spec,
-            lambda patch: self._request(patch_what, self.core.patch_node, node, patch, _content_type=MERGE_PATCH),
-            patch_what,
-        )
+        outcome = await self._read_modify_write(get, change_spec, write_spec, patch_what)
         changed = outcome == "written"
 
         def change_status(obj: JSON) -> JSON | None:
@@ -995,6 +1005,7 @@ class KubeOps:
                 status_what, self.core.patch_node_status, node, patch, _content_type=MERGE_PATCH
             ),
             status_what,
+            first=last.get("node"),
         )
         changed = changed or outcome == "written"
         already_by = seen.get("already_by")
@@ -1247,13 +1258,16 @@ class KubeOps:
         what: _What,
         *,
         missing_ok: bool = False,
+        first: JSON | None = None,
     ) -> Outcome:
         """Read, compute a patch, write it with the resourceVersion read; on 409 read again.
+        `first`: the object as the caller has just seen it (a write's answer), used for the first try
+        instead of a read (a 409 still reads it again).
 
         "written", "unchanged" (no write was needed), or "missing" when the object is gone and
         `missing_ok` (else KubeNotFound)."""
         for attempt in range(1, self.attempts + 1):
-            obj = await read()
+            obj = first if attempt == 1 and first is not None else await read()
             if obj is None:
                 if missing_ok:
                     return "missing"

@@ -51,13 +51,14 @@ async def pool_nodes(kube: KubeOps, policy: Policy, node: str | None) -> list[di
     return await kube.list_nodes()
 
 
-async def _claim(call: ActionCall, node: str, ctx: PolicyContext) -> None:
+async def _claim(call: ActionCall, node: str, ctx: PolicyContext) -> bool:
     """Take `node`'s place among the claims of its pool in the cluster (step 2 above); raises
-    ActionBlocked (the claim removed) when the place is past the pool's share."""
+    ActionBlocked (the claim removed) when the place is past the pool's share. Whether a claim was
+    written (none when the whole pool may go)."""
     rt = call.runtime
     allowed = rt.policy.spec.circuit_breaker.allowed(ctx.pool_size)
     if ctx.pool_size is not None and allowed >= ctx.pool_size:
-        return  # the whole pool may go: nothing to rank
+        return False  # the whole pool may go: nothing to rank
     at = rt.clock()
     await rt.kube.annotate_node(node, CLAIM_ANNOTATION, format_claim(at, call.incident_id))
     try:
@@ -86,6 +87,7 @@ async def _claim(call: ActionCall, node: str, ctx: PolicyContext) -> None:
                 rt.policy.breaker_refusal, node, ctx, rt.policy_state, len(ahead), incident_id=call.incident_id
             )
         )
+    return True
 
 
 async def run(call: ActionCall) -> None:
@@ -108,9 +110,10 @@ async def run(call: ActionCall) -> None:
     refused = await rt.in_policy(rt.policy.reserve_quarantine, node, ctx, rt.policy_state, incident_id=call.incident_id)
     if refused is not None:
         raise ActionBlocked(refused)
+    claimed = False
     try:
         if node not in quarantined:
-            await _claim(call, node, ctx)
+            claimed = await _claim(call, node, ctx)
         result = await rt.kube.quarantine_node(
             node, incident_id=call.incident_id, fault_class=rc.fault_class.value, reason=rc.summary.en
         )
@@ -121,7 +124,7 @@ async def run(call: ActionCall) -> None:
     await call.journal.update(
         call.seq, "done", result={"node": node, "changed": result.changed, "already_by": result.already_by}
     )
-    if node not in quarantined:
+    if claimed:
         # The taint counts now; the claim has done its part (a claim left behind expires anyway).
         with contextlib.suppress(Exception):
             await rt.kube.annotate_node(node, CLAIM_ANNOTATION, None)

@@ -181,9 +181,16 @@ async def run(call: ActionCall) -> None:
         if not gone:
             _still_terminating(call, params, job)
         await call.journal.update(call.seq, "creating")
+        resumed = False
+    else:
+        resumed = True  # the journal said creating: this call carries on after a crash
     try:
         # Our own create may have landed before a crash: then the body is not needed again.
-        mine = await rt.kube.get_workload(params["api_version"], params["kind"], job.namespace, job.name)
+        mine = (
+            await rt.kube.get_workload(params["api_version"], params["kind"], job.namespace, job.name)
+            if resumed
+            else None
+        )
         if mine is not None and annotation(mine, ANN_INCIDENT) == call.incident_id:
             created = mine
         else:

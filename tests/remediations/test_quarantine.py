@@ -87,6 +87,17 @@ async def test_quarantine_writes_every_field_and_keeps_what_others_wrote(
     }
 
 
+async def test_a_quarantine_reads_the_node_once(kube: KubeEmulator, cluster: Cluster, ops: KubeOps) -> None:
+    """The spec patch's answer is the node the condition is written on: one read, two writes (a 409
+    on the status write still reads it again: the optimistic-concurrency tests below)."""
+    await cluster.add_node("gpu-1", gpus=8)
+    kube.forget_requests()
+    await _quarantine(ops)
+    assert len(seen(kube, "fetch", NODES)) == 1
+    assert len(seen(kube, "update", NODES)) == 2
+    assert _conditions(_node(kube))[CONDITION_TYPE]["status"] == "True"
+
+
 async def test_quarantining_twice_for_the_same_incident_changes_nothing(
     kube: KubeEmulator, cluster: Cluster, ops: KubeOps
 ) -> None:
