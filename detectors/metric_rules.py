@@ -33,7 +33,10 @@ Semantics, and why:
 * A per-link sample names its device `<device>/link<N>`; the finding is localised to `<device>`
   with the link in `groups["link"]`.
 * Each job has its own state: a node-level signal is published once per job on the node, and each
-  job's copy must be able to produce that job's finding. Each vendor metric has its own state too:
+  job's copy must be able to produce that job's finding. The node's own state (the copies keyed by
+  the node, when no job runs there) follows the jobs' copies silently, so a value a job already
+  reported (DCGM's Xid gauge still holding 79 after the job was moved off the quarantined node) is
+  not reported again for the node; a change while no job was there is. Each vendor metric has its own state too:
   dcgm-exporter (via Prometheus) and NVML may report the same GPU, and DCGM's Xid gauge may still
   hold an Xid from before NVML's first event; mixing them would fire at every alternation.
 
@@ -292,6 +295,8 @@ class MetricRules:
             # The vendor name is part of the key: DCGM and NVML may report one GPU side by side, and
             # DCGM's Xid gauge can still hold an old Xid that NVML never saw; each keeps its own state.
             key = (job_key, node, s.device, s.name, s.vendor_name)
+            if job_key is not None:
+                self._follow_node(node, s, rule.kind, t)
             track = self._tracks.get(key)
             if track is None:
                 self._tracks[key] = _Track(last=s.value, active=_bad_at_baseline(rule.kind, s.value), t=t)
@@ -303,6 +308,18 @@ class MetricRules:
             if _step(rule.kind, track, s.value):
                 findings.append(self._finding(rule, node, chip, job_key, s, previous, t, error_codes))
         return findings
+
+    def _follow_node(self, node: str, s: MetricSampleLike, kind: Kind, t: float) -> None:
+        """A job's copy of a sample moves the node's own state too, without a finding: the job's
+        state reports the change, and once the jobs have left (a Xid gauge still saying 79 on the
+        quarantined node) the node's copy is no news; only a change no job was there to see is."""
+        key = (None, node, s.device, s.name, s.vendor_name)
+        track = self._tracks.get(key)
+        if track is None:
+            self._tracks[key] = _Track(last=s.value, active=_bad_at_baseline(kind, s.value), t=t)
+        elif t >= track.t:
+            track.t = t
+            _step(kind, track, s.value)
 
     # -- findings -------------------------------------------------------------------------------
 

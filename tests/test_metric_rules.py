@@ -191,6 +191,30 @@ def test_each_job_has_its_own_state(job: str) -> None:
     assert len(rules.observe(node="n", chip="nvidia", job_key=job, samples=[sample("xid_errors", 79)], t=2)) == 1
 
 
+@pytest.mark.parametrize(
+    ("before_job", "after_job", "fires"),
+    [
+        # The Xid the job reported, still held by DCGM's gauge after the job moved off the node.
+        pytest.param(0, 79, False, id="the-jobs-xid-held"),
+        # A new Xid on the node once no job is there to see it.
+        pytest.param(0, 48, True, id="a-new-xid-after"),
+    ],
+)
+def test_what_a_job_reported_is_no_news_for_its_node_afterwards(
+    before_job: float, after_job: float, fires: bool
+) -> None:
+    rules = MetricRules()
+    # Before the job: the node's own copy (baseline).
+    rules.observe(node="n", chip="nvidia", job_key=None, samples=[sample("xid_errors", before_job)], t=1)
+    # The job's copies: 0, then the fault, reported to the job.
+    rules.observe(node="n", chip="nvidia", job_key="job:ns/a", samples=[sample("xid_errors", 0)], t=2)
+    (f,) = rules.observe(node="n", chip="nvidia", job_key="job:ns/a", samples=[sample("xid_errors", 79)], t=3)
+    assert f.code == "xid:79"
+    # The job is gone (recreated elsewhere): the node's own copy again.
+    found = rules.observe(node="n", chip="nvidia", job_key=None, samples=[sample("xid_errors", after_job)], t=4)
+    assert [x.code for x in found] == ([f"xid:{after_job:g}"] if fires else [])
+
+
 def test_two_sources_of_one_gpu_do_not_flap() -> None:
     """DCGM still holds last week's Xid 13; NVML has seen none: alternating batches must not fire."""
     rules = MetricRules()
