@@ -13,6 +13,9 @@ Edges come from named groups of the findings, never from a rule's wording:
   the finding's own rank, and `peer_rank`       HCCL link-error rows (`src_ip` / `peer_ip` map IPs)
   the finding's own rank, and `remote_rank`     HCCL notify-wait timeouts (EI0002)
   the finding's own rank or node, and `peer`    gloo / c10d connections to a peer's address
+  the finding's own rank or node, and each of `missing_ranks`
+                                                HCCL's topology exchange naming the ranks that never
+                                                reached the root ("Failed to connect agent[1,3,]")
   `src_server`/`src_device` -> `dst_server`/`dst_device`
                                                 HCCL's connect-timeout detection result, which names
                                                 both ends as server and device (place `server/device`,
@@ -118,6 +121,12 @@ def build(findings: Iterable[Finding], ip_places: Mapping[str, str] | None = Non
     for f in found:
         g = f.groups
         own = _rank(f.rank) or place(g.get("src_ip")) or f.node
+        if g.get("missing_ranks"):
+            for r in str(g["missing_ranks"]).split(","):
+                waited_rank = _rank(r)
+                if own and waited_rank and own != waited_rank:
+                    graph.edges.add((own, waited_rank))
+            continue
         if g.get("dst_server") and g.get("dst_device"):
             # Both ends named by the line itself (the reporter may be a third device).
             if g.get("src_server") and g.get("src_device"):

@@ -104,6 +104,35 @@ ROOTS = {
 }
 
 
+# The runtime's SDMA copy failure (EI0012) with the task-exception lines HCCL prints for it: the SDMA
+# error is the root, not the notify timeout those lines would otherwise mean.
+ROOTS["sdma-runtime"] = (
+    [
+        "[ERROR] RUNTIME(57096,python3.10):2025-05-12-20:55:44.705.025 [task_info.cc:1170]57288 "
+        "PrintSdmaErrorInfoForFftsPlusTask:fftsplus task execute failed, dev_id=5, stream_id=50, task_id=21, "
+        "context_id=18, thread_id=0, err_type=4[fftsplus sdma error]",
+        "[ERROR] HCCL(57096,python3.10):2025-05-12-20:55:44.706.132 [task_exception_handler.cc:947] [57288]"
+        "[TaskExecStage][Timeout][Host]Task run failed, base information is streamID:[32], taskID[21], "
+        "tag[AllGather_group_name_0], AlgType(level 0-1-2):[fullmesh-ring-H-D].",
+    ],
+    ("comm_error", "EI0012", "5"),
+)
+
+
+# A taken port while the communicator is set up: the vendor code (EI0019, with its causes and steps),
+# not the catch-all setup failure of the lines around it.
+ROOTS["port-taken"] = (
+    [
+        "[ERROR] HCCL(3626636,all_reduce_test):2025-11-21-13:18:47.639.860 [hccl_socket.cc:110] [3626636]"
+        "[InitChannelStage][RanktableDetect] socket type[2], listen on ip[192.168.1.100%enp53s0f2] and specific "
+        "port[60000] fail. Please check the port status and whether the port is being used by other process.",
+        "[ERROR] HCCL(3626636,all_reduce_test):2025-11-21-13:18:47.639.882 [op_base.cc:1071] [3626636]"
+        "[InitGroupStage][RanktableDetect]HcclGetRootInfo failed, ret[7]",
+    ],
+    ("comm_init", "EI0019", None),
+)
+
+
 @pytest.mark.parametrize("name", sorted(ROOTS))
 def test_hccl_root_among_its_consequences(name: str, tmp_path: Path, re_engine: Engine) -> None:
     lines, (fault_class, code, device) = ROOTS[name]

@@ -21,13 +21,13 @@ AMBIGUOUS = "ambiguous"
 EXPECTED: dict[str, tuple[object, ...]] = {
     # Three ranks' LINK_ERROR_INFO rows name rank 3, whose plog says nothing: the rank table puts it
     # on node-b device 1.
-    "ascend-2n-link-timeout": ("comm_init", "hccl_init", "node-b", "1", 3, ["rank 0", "rank 3"]),
+    "ascend-2n-link-timeout": ("comm_init", "EI0006", "node-b", "1", 3, ["rank 0", "rank 3"]),
     # Sixteen nodes, each waiting on the one before: the end of the chain.
-    "ascend-16n-chain": ("comm_init", "hccl_init", "node-00", "0", 0, [f"rank {i}" for i in range(15, -1, -1)]),
+    "ascend-16n-chain": ("comm_init", "EI0006", "node-00", "0", 0, [f"rank {i}" for i in range(15, -1, -1)]),
     # A cycle: every member is a candidate, none is picked.
-    "ascend-3n-cycle": ("comm_init", "hccl_init", AMBIGUOUS, ["rank 0", "rank 1", "rank 2"]),
+    "ascend-3n-cycle": ("comm_init", "EI0006", AMBIGUOUS, ["rank 0", "rank 1", "rank 2"]),
     # Two separate ends: both candidates.
-    "ascend-4n-ambiguous": ("comm_init", "hccl_init", AMBIGUOUS, ["rank 1", "rank 3"]),
+    "ascend-4n-ambiguous": ("comm_init", "EI0006", AMBIGUOUS, ["rank 1", "rank 3"]),
     # A device error in node-c's device log (device 1: its folder; rank 5: the rank table); the
     # other ranks only time out (EI0002 naming remote rank 5) and are its evidence.
     "ascend-4n-device-error": ("device_error", "0x80C98000", "node-c", "1", 5, []),

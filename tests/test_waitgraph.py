@@ -197,3 +197,34 @@ def test_hccl_devices_that_could_not_reach_each_other_are_both_candidates(tmp_pa
     assert rc.candidates == ["10.0.0.1/1", "10.0.0.2/0"]
     assert [(p.node, p.device) for p in rc.candidate_places] == [("10.0.0.1", "1"), ("10.0.0.2", "0")]
     assert (rc.node, rc.device, rc.rank) == (None, None, None)
+
+
+AGENT_MISSING = (
+    "[ERROR] HCCL(1041085,all_reduce_test):2025-11-21-01:20:01.630.122 [topoinfo_exchange_base.cc:145] [1041085]"
+    '[InitGroupStage][RanktableDetect] TopoDetect ERROR occur !!! fault_type[1], fault_info["Failed to connect '
+    'agent[{missing},]"]\n'
+)
+
+
+@pytest.mark.parametrize(
+    ("missing", "rank", "candidates"),
+    [
+        pytest.param("2", 2, [], id="one-rank-missing"),
+        pytest.param("1,3", None, ["rank 1", "rank 3"], id="two-ranks-missing"),
+    ],
+)
+def test_the_ranks_that_never_reached_the_root_are_the_root_or_its_candidates(
+    tmp_path: Path, re_engine: Engine, missing: str, rank: int | None, candidates: list[str]
+) -> None:
+    for n in range(4):
+        (tmp_path / f"worker-{n}").mkdir()
+        (tmp_path / f"worker-{n}" / f"rank{n}.log").write_text("step 12 loss 1.0\n", encoding="utf-8")
+    (tmp_path / "worker-0" / "plog-1041085_2025.log").write_text(
+        AGENT_MISSING.format(missing=missing), encoding="utf-8"
+    )
+    rc = diagnose_paths([str(tmp_path)], re_engine).root_cause
+    assert rc is not None
+    assert rc.fault_class.value == "comm_init"
+    assert rc.rank == rank and rc.candidates == candidates
+    if rank is not None:
+        assert rc.node == f"worker-{rank}"
