@@ -1121,7 +1121,9 @@ async def _build(writer: _Writer, inputs: SceneInputs, source: SceneSource, sett
         _collect_events(writer, inputs, pods, node_names, source, settings),
         _collect_metrics(writer, node_names, fault, inputs.now, source, settings),
     )
-    kernel_sections = await _collect_kernel(writer, inputs, fault, settings, findings, needles, evidence)
+    # Every node's kernel lines in the window around the fault, one file per node, written in one job
+    # off the event loop (a large job has hundreds of nodes).
+    kernel_sections = await writer.run(_write_kernel, writer, inputs, fault, settings, findings, needles, evidence)
     await writer.run(_write_objects, writer, inputs, pods)
     await writer.run(_write_stacks, writer, stacks, pods)
     await writer.run(
@@ -1391,20 +1393,6 @@ def _clean_points(points: Any, limit: int) -> list[list[float | None]]:
         except (TypeError, ValueError, IndexError, KeyError):
             continue
     return clean
-
-
-async def _collect_kernel(
-    writer: _Writer,
-    inputs: SceneInputs,
-    fault: float,
-    settings: SceneSettings,
-    findings: list[Finding],
-    needles: list[bytes],
-    evidence: dict[int, dict[str, Any]],
-) -> list[dict[str, Any]]:
-    """Every node's kernel lines in the window around the fault, one file per node: sorted, cut to
-    the node's share and written in one job off the event loop (a large job has hundreds of nodes)."""
-    return await writer.run(_write_kernel, writer, inputs, fault, settings, findings, needles, evidence)
 
 
 def _write_kernel(

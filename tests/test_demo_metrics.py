@@ -9,7 +9,7 @@ import asyncio
 import pytest
 
 from trainmedic.agent.bus.memory import MemoryBus
-from trainmedic.agent.demo.metrics import DemoMetrics, metric_samples
+from trainmedic.agent.demo.metrics import DemoMetrics
 from trainmedic.agent.watchers.metrics import PrometheusSource
 from trainmedic.events import MetricBatch
 
@@ -49,11 +49,11 @@ def test_a_range_query_has_the_minutes_before_and_only_its_node() -> None:
 def test_a_fault_shows_as_its_device_would(kind: str, name: str, before: object, after: object) -> None:
     client = DemoMetrics(["gpu-1"], devices=1, clock=lambda: T)
     client.fail("gpu-1", kind, at=T)  # type: ignore[arg-type]
-    assert before(metric_samples(client, "gpu-1", T - 5)[name])  # type: ignore[operator]
-    assert after(metric_samples(client, "gpu-1", T + 5)[name])  # type: ignore[operator]
+    assert before(client.values_at("gpu-1", T - 5)[name])  # type: ignore[operator]
+    assert after(client.values_at("gpu-1", T + 5)[name])  # type: ignore[operator]
     if kind == "xid":
         # The GPU fell off the bus: nothing else is read from it.
-        assert set(metric_samples(client, "gpu-1", T + 5)) == {name}
+        assert set(client.values_at("gpu-1", T + 5)) == {name}
 
 
 def test_a_lost_node_answers_nothing_and_an_idle_one_resumes() -> None:
@@ -61,7 +61,7 @@ def test_a_lost_node_answers_nothing_and_an_idle_one_resumes() -> None:
     client.fail("gpu-1", "lost", at=T)
     client.fail("gpu-2", "idle", at=T)
     client.fail("npu-1", "link", at=T)
-    assert metric_samples(client, "gpu-1", T + 1) == {}
-    assert metric_samples(client, "npu-1", T + 1)["npu_chip_info_link_status{0}"] == 0
+    assert client.values_at("gpu-1", T + 1) == {}
+    assert client.values_at("npu-1", T + 1)["npu_chip_info_link_status{0}"] == 0
     client.resume("gpu-2")
-    assert metric_samples(client, "gpu-2", T + 1)["DCGM_FI_DEV_GPU_UTIL{0}"] > 90
+    assert client.values_at("gpu-2", T + 1)["DCGM_FI_DEV_GPU_UTIL{0}"] > 90

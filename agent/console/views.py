@@ -458,7 +458,7 @@ def mount_console(
         disposition = "inline" if inline else "attachment"
         headers = {
             **HEADERS,
-            "Content-Security-Policy": REPORT_CSP if media.startswith("text/html") else f"{SCENE_CSP}",
+            "Content-Security-Policy": REPORT_CSP if media.startswith("text/html") else SCENE_CSP,
             "Content-Disposition": f"{disposition}; filename*=UTF-8''{quote(path.name)}",
         }
         return FileResponse(path, media_type=media, headers=headers)

@@ -77,7 +77,6 @@ class DemoMetrics:
         self._labels = {n: ("gpu" if series is GPU_SERIES else "id") for n, series in self._nodes.items()}
         self._faults: dict[tuple[str, str], _Fault] = {}
         self._lock = threading.Lock()  # the watcher calls from worker threads
-        self.queries = 0
 
     def fail(self, node: str, kind: FailKind, *, at: float, devices: Iterable[str] | None = None) -> None:
         """From `at` on, the devices (all of the node's when None) show `kind`."""
@@ -98,7 +97,6 @@ class DemoMetrics:
         out = []
         for labels, value in self._samples(now):
             out.append({"metric": labels, "value": [now, _text(value)]})
-        self.queries += 1
         return out
 
     def custom_query_range(
@@ -114,11 +112,18 @@ class DemoMetrics:
                 key = tuple(sorted(labels.items()))
                 entry = series.setdefault(key, {"metric": labels, "values": []})
                 entry["values"].append([t, _text(value)])
-        self.queries += 1
         return list(series.values())
 
     def close(self) -> None:
         return None
+
+    def values_at(self, node: str, at: float) -> dict[str, float]:
+        """One node's values at `at` by "name{device}" (what a scrape then would read)."""
+        out: dict[str, float] = {}
+        for labels, value in self._samples(at):
+            if labels["node"] == node:
+                out[f"{labels['__name__']}{{{labels.get('gpu') or labels.get('id') or ''}}}"] = value
+        return out
 
     # -- the values -------------------------------------------------------------------------------------
 
@@ -177,13 +182,3 @@ def _wobble(node: str, device: str, what: str, t: float) -> float:
 
 def _text(value: float) -> str:
     return f"{value:.6g}"
-
-
-def metric_samples(client: DemoMetrics, node: str, at: float) -> Mapping[str, float]:
-    """One node's values at `at` by "name{device}" (tests)."""
-    out: dict[str, float] = {}
-    for labels, value in client._samples(at):
-        if labels["node"] == node:
-            device = labels.get("gpu") or labels.get("id") or ""
-            out[f"{labels['__name__']}{{{device}}}"] = value
-    return out
