@@ -24,6 +24,7 @@ test suite checks fast == re == a naive line-by-line reference on random input.
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import re
 from collections.abc import Iterable, Sequence
@@ -34,6 +35,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from trainmedic import cache, hsdb
+from trainmedic.detectors import views
 from trainmedic.detectors.anchors import MIN_ANCHOR_LEN, Anchor, required_anchors
 from trainmedic.detectors.localize import localize
 from trainmedic.detectors.phase import MAX_LINE as MAX_MARKER_LINE
@@ -51,10 +53,7 @@ MAX_TEXT = 2000  # characters of a line kept in a finding
 MAX_RECORD_BYTES = 64 << 20  # a record longer than this is classified in pieces
 MAX_JSON_LINE = 1 << 20  # JSON lines longer than this are matched raw only
 CHUNK_BYTES = 8 << 20  # streamed input is classified in chunks of about this size
-WRAP_MIN_LEN = 60  # a line shorter than this is not taken for a terminal-wrapped one
-MAX_WRAPPED_LINES = 3  # physical lines put back together into one
 MEMO_SIZE = 4096  # distinct candidate lines whose confirm result is remembered per chunk
-_NOT_WRAP_START = np.frombuffer(b" \t\r\n[({<", dtype=np.uint8)
 _NAMED_GROUP = re.compile(r"\(\?P<[A-Za-z_][A-Za-z0-9_]*>")
 _WIDE_REPEAT = re.compile(r"(?<!\\)\{(\d+),(?:1[7-9]|[2-9]\d|\d{3,})\}")
 _TRAILING_ANY = re.compile(r"(?:\.[*+]\??)+\$?$")
@@ -71,11 +70,15 @@ class _LazyRegex:
         self.flags = flags
         self._compiled: re.Pattern[str] | None = None
 
-    def search(self, string: str) -> re.Match[str] | None:
+    @property
+    def compiled(self) -> re.Pattern[str]:
         compiled = self._compiled
         if compiled is None:
             compiled = self._compiled = re.compile(self.pattern, self.flags)
-        return compiled.search(string)
+        return compiled
+
+    def search(self, string: str) -> re.Match[str] | None:
+        return self.compiled.search(string)
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,10 +119,19 @@ class Engine:
             self._unless.append([_LazyRegex(u, re.ASCII) for u in rule.unless])
         self._rule_index = {rule.id: ri for ri, rule in enumerate(self.rules)}
         self._phases: PhaseMarkers = load_phase_markers()
-        self._line_ids = [i for i, p in enumerate(self._pats) if not p.continuation]
+        # The fast path asks Hyperscan first whether a neighbour line can carry a phase marker at
+        # all (most cannot): the markers' alternations cost tens of microseconds a line in `re`.
+        self._marker_gate = (
+            _HyperscanPrefilter(list(enumerate([*self._phases.init_patterns, *self._phases.runtime_patterns])))
+            if self.fast
+            else None
+        )
         self._cont_ids = [i for i, p in enumerate(self._pats) if p.continuation]
+        self._is_cont = np.array([p.continuation for p in self._pats], dtype=bool)
+        # False: every pattern, line by line (a continuation rule's record may be one line long);
+        # True: the continuation patterns over the records continued on indented lines.
         self._prefilters = {
-            False: self._build_prefilter(self._line_ids),
+            False: self._build_prefilter(list(range(len(self._pats)))),
             True: self._build_prefilter(self._cont_ids),
         }
 
@@ -193,14 +205,17 @@ class Engine:
         lines = _Lines(body, nl)
 
         # line index -> pattern ids that may match there
-        cands = _by_line(self._prefilters[False].scan(body), nl)
+        hit_pids, hit_ends = self._prefilters[False].scan(body)
         cont_cands: dict[int, set[int]] = {}
+        if self._cont_ids and hit_pids:
+            hit_pids, hit_ends, cont_hits = self._split_continuation_hits(hit_pids, hit_ends)
+            if cont_hits[0]:
+                cont_cands = _by_line(cont_hits, nl)
+        cands = _by_line((hit_pids, hit_ends), nl)
         if self._cont_ids:
-            joined = _join_continuations(body, nl)
-            for idx, pids in _by_line(self._prefilters[True].scan(joined), nl).items():
-                cont_cands.setdefault(lines.record_start(idx, joined), set()).update(pids)
+            self._continued_records(body, nl, cont_cands)
 
-        wrap_cands = self._wrapped_candidates(body, nl, lines) if self.unwrap else {}
+        wrap_cands = self._wrapped_candidates(body, nl) if self.unwrap else {}
         matched_at: set[tuple[str, int]] = set()  # (rule id, line index), only needed for wraps
 
         # Confirm candidates, folding repeats as we go: a line seen before costs a dict lookup, and
@@ -243,9 +258,10 @@ class Engine:
             for ri, rule_pids in self._by_rule(wrap_pids).items():
                 if any((self.rules[ri].id, j) in matched_at for j in range(first, last + 1)):
                     continue  # already found on one physical line
-                joined_text = b"".join(lines.get(j).rstrip(b"\r") for j in range(first, last + 1))
-                wtext = joined_text.decode("utf-8", "replace")
-                found = self._confirm_rule(ri, wtext, wtext, first_line + first, file, rule_pids)
+                parts = [lines.get(j).rstrip(b"\r").decode("utf-8", "replace") for j in range(first, last + 1)]
+                wtext = "".join(parts)
+                joins = list(itertools.accumulate(len(part) for part in parts[:-1]))
+                found = self._confirm_rule(ri, wtext, wtext, first_line + first, file, rule_pids, joins)
                 if found is not None:
                     found.last_line_no = first_line + last
                     findings.append(found)
@@ -285,7 +301,7 @@ class Engine:
                 if j < 0 or j >= n_lines:
                     return None
                 if j not in marks:
-                    marks[j] = self._phases.on_line(lines.get(j)[:MAX_MARKER_LINE])
+                    marks[j] = self._phase_marked(lines.get(j))
                 return marks[j]
 
             resolved = self._phases.resolve(f.fault_class, lines.get(idx), neighbour)
@@ -302,55 +318,66 @@ class Engine:
                 f.priority = None
             f.fault_class = resolved
 
-    def _wrapped_candidates(
-        self, body: bytes, nl: np.ndarray[Any, Any], lines: _Lines
-    ) -> dict[tuple[int, int], set[int]]:
-        """Candidates that only match once hard-wrapped lines are put back together.
-
-        A newline is taken for a terminal wrap when the line before it is long (>= WRAP_MIN_LEN)
-        and the line after it starts like the middle of a sentence (not blank, not indented, not
-        `[` / `(` / `{` / `<` as log prefixes do). Those newlines are removed, the prefilter runs
-        again, and matches that now span two or more physical lines become candidates.
-        """
+    def _wrapped_candidates(self, body: bytes, nl: np.ndarray[Any, Any]) -> dict[tuple[int, int], set[int]]:
+        """Candidates that only match once hard-wrapped lines are put back together (detectors/views.py):
+        the prefilter runs over the lines on either side of each wrap newline, those newlines removed,
+        and the wrapped run of lines around each hit becomes a candidate; `_confirm_rule` keeps only
+        matches that cross one of the removed newlines."""
         if len(nl) == 0:
             return {}
-        arr = np.frombuffer(body, dtype=np.uint8)
-        starts = np.concatenate(([0], nl + 1))
-        ends = np.concatenate((nl, [len(body)]))
-        lengths = ends - starts
-        last_byte = len(arr) - 1
-        nxt = arr[np.minimum(nl + 1, last_byte)]
-        # A line that starts like the line before it (same first three bytes: a timestamp, a host
-        # name, a `kernel:` prefix) is a new record, not the tail of a wrapped one.
-        same_start = np.ones(len(nl), dtype=bool)
-        for k in range(3):
-            same_start &= arr[np.minimum(starts[:-1] + k, last_byte)] == arr[np.minimum(starts[1:] + k, last_byte)]
-        boundary = (
-            (nl + 1 < len(arr))
-            & (lengths[:-1] >= WRAP_MIN_LEN)
-            & (lengths[1:] > 0)
-            & ~np.isin(nxt, _NOT_WRAP_START)
-            & ~same_start
-        )
-        cut = nl[boundary]
-        if len(cut) == 0:
+        wraps = views.wrap_newlines(np.frombuffer(body, dtype=np.uint8), nl)
+        view = views.joined_runs(body, nl, wraps, b"")
+        if view is None:
             return {}
-        joined = np.delete(arr, cut).tobytes()
-        landing = cut - np.arange(len(cut))  # where the byte after each removed newline lands
         out: dict[tuple[int, int], set[int]] = {}
-        hit_pids, hit_ends = self._prefilters[False].scan(joined)
+        hit_pids, hit_ends = self._prefilters[False].scan(view.text)
         if not hit_pids:
             return out
-        j = np.asarray(hit_ends, dtype=np.int64) - 1
-        original = j + np.searchsorted(landing, j, side="right")
-        last_lines: list[int] = np.searchsorted(nl, original, side="left").tolist()
-        for pid, last in zip(hit_pids, last_lines, strict=True):
-            first = last
-            while first > 0 and boundary[first - 1] and last - first < MAX_WRAPPED_LINES - 1:
-                first -= 1
+        # The prefilter reports where a match (Hyperscan) or only its literal anchor (re path)
+        # ends, so the record may run on past the hit's line as well as start before it.
+        for pid, hit in zip(hit_pids, view.line_of(hit_ends), strict=True):
+            first, last = views.runs_around(wraps, hit)
             if first < last:
                 out.setdefault((first, last), set()).add(pid)
         return out
+
+    def _phase_marked(self, line: bytes) -> FaultClass | None:
+        """The phase marker on a line near a finding (detectors/phase.py), or None."""
+        text = _utf8_prefix(line, MAX_MARKER_LINE)
+        if self._marker_gate is not None and not self._marker_gate.scan(text)[0]:
+            return None
+        return self._phases.on_line(text)
+
+    def _split_continuation_hits(
+        self, pids: list[int], ends: list[int]
+    ) -> tuple[list[int], list[int], tuple[list[int], list[int]]]:
+        """The line scan's hits of single-line patterns, and those of continuation patterns apart."""
+        pid_arr = np.asarray(pids, dtype=np.int64)
+        is_cont = self._is_cont[pid_arr]
+        if not is_cont.any():
+            return pids, ends, ([], [])
+        end_arr = np.asarray(ends, dtype=np.int64)
+        return (
+            pid_arr[~is_cont].tolist(),
+            end_arr[~is_cont].tolist(),
+            (pid_arr[is_cont].tolist(), end_arr[is_cont].tolist()),
+        )
+
+    def _continued_records(self, body: bytes, nl: np.ndarray[Any, Any], cont_cands: dict[int, set[int]]) -> None:
+        """Continuation-rule candidates, keyed by the first line of their record. `cont_cands` holds
+        the line scan's hits; a hit on a line of a multi-line record is dropped there and found again,
+        on the whole record, by the scan of the continued records (detectors/views.py)."""
+        links = views.continuation_newlines(np.frombuffer(body, dtype=np.uint8), nl)
+        if not links.any():
+            return
+        for idx in [i for i in cont_cands if (i > 0 and links[i - 1]) or (i < len(links) and links[i])]:
+            del cont_cands[idx]
+        runs = views.joined_runs(body, nl, links, b" ")
+        if runs is None:
+            return
+        pids, ends = self._prefilters[True].scan(runs.text)
+        for pid, idx in zip(pids, runs.line_of(ends), strict=True):
+            cont_cands.setdefault(views.run_first(links, idx), set()).add(pid)
 
     def _by_rule(self, pids: Iterable[int]) -> dict[int, list[int]]:
         """Pattern ids grouped by their rule, in rule order."""
@@ -369,12 +396,32 @@ class Engine:
         return out
 
     def _confirm_rule(
-        self, ri: int, raw: str, display: str, line_no: int | None, file: str | None, pids: list[int]
+        self,
+        ri: int,
+        raw: str,
+        display: str,
+        line_no: int | None,
+        file: str | None,
+        pids: list[int],
+        joins: list[int] | None = None,
     ) -> Finding | None:
+        """The rule's finding on `raw`, or None. With `joins` (the offsets where hard-wrapped lines
+        were put back together), only a match that crosses one counts: a match inside one physical
+        line is that line's own business, where the rule's `unless` and anchors apply to it alone."""
         rule = self.rules[ri]
         match = None
         for pid in pids:
-            match = self._pats[pid].regex.search(raw)
+            if joins is None:
+                match = self._pats[pid].regex.search(raw)
+            else:
+                match = next(
+                    (
+                        m
+                        for m in self._pats[pid].regex.compiled.finditer(raw)
+                        if any(m.start() < j < m.end() for j in joins)
+                    ),
+                    None,
+                )
             if match is not None:
                 break
         if match is None or any(u.search(raw) for u in self._unless[ri]):
@@ -561,12 +608,38 @@ def normalize(data: bytes) -> bytes:
     """ANSI codes removed; valid UTF-8 (invalid bytes replaced) so bytes and text views agree."""
     if b"\x1b" in data:
         data = ANSI_RE.sub(b"", data)
-    if not data.isascii():
-        try:
-            data.decode("utf-8")
-        except UnicodeDecodeError:
-            data = data.decode("utf-8", "replace").encode("utf-8")
+    if not data.isascii() and not _valid_utf8(data):
+        data = data.decode("utf-8", "replace").encode("utf-8")
     return data
+
+
+def _valid_utf8(data: bytes) -> bool:
+    """Whether `data` is valid UTF-8, decoding only its non-ASCII bytes.
+
+    A multi-byte character is made of bytes >= 0x80 only, so the text is valid exactly when every
+    maximal run of such bytes is: the runs, each ended by a newline, are decoded together."""
+    arr = np.frombuffer(data, dtype=np.int8)
+    high = np.flatnonzero(arr < 0)
+    if len(high) * 4 > len(data):
+        runs = data  # mostly non-ASCII: gathering saves nothing
+    else:
+        gaps = np.flatnonzero(np.diff(high) > 1) + 1
+        runs = np.insert(arr[high], gaps, 10).tobytes() if len(gaps) else arr[high].tobytes()
+    try:
+        runs.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def _utf8_prefix(line: bytes, limit: int) -> bytes:
+    """At most `limit` bytes of valid UTF-8 `line`, never ending inside a character."""
+    if len(line) <= limit:
+        return line
+    cut = limit
+    while cut > 0 and line[cut] & 0xC0 == 0x80:  # the byte at the cut continues a character
+        cut -= 1
+    return line[:cut]
 
 
 def _record_boundary(data: bytes) -> int:
@@ -581,21 +654,6 @@ def _record_boundary(data: bytes) -> int:
             return nl + 1
         pos = nl
     return data.rfind(b"\n") + 1
-
-
-def _join_continuations(body: bytes, nl: np.ndarray[Any, Any]) -> bytes:
-    """`body` with each newline that precedes an indented line replaced by a space (same length)."""
-    if len(nl) == 0:
-        return body
-    arr = np.frombuffer(body, dtype=np.uint8)
-    nxt_idx = nl[nl + 1 < len(arr)]
-    nxt = arr[nxt_idx + 1]
-    joins = nxt_idx[(nxt == 32) | (nxt == 9)]
-    if len(joins) == 0:
-        return body
-    out = arr.copy()
-    out[joins] = 32
-    return out.tobytes()
 
 
 def _by_line(hits: tuple[list[int], list[int]], nl: np.ndarray[Any, Any]) -> dict[int, set[int]]:
@@ -639,12 +697,6 @@ class _Lines:
     def get(self, idx: int) -> bytes:
         start, end = self.bounds(idx)
         return self.body[start:end]
-
-    def record_start(self, idx: int, joined: bytes) -> int:
-        """First line of the multi-line record that line `idx` belongs to (in the joined view)."""
-        start, _ = self.bounds(idx)
-        nl = joined.rfind(b"\n", 0, start)
-        return int(np.searchsorted(self.nl, nl, side="left")) + 1 if nl >= 0 else 0
 
     def record(self, idx: int, extra: int) -> bytes:
         """Line `idx` plus up to `extra` following indented lines, joined by single spaces."""

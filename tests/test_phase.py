@@ -6,10 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from trainmedic.detectors.diagnose import diagnose_text
 from trainmedic.detectors.engine import Engine
-from trainmedic.detectors.phase import PhaseError, load_phase_markers, parse_phase_file
+from trainmedic.detectors.phase import MAX_LINE, PhaseError, load_phase_markers, parse_phase_file
 from trainmedic.models import FaultClass
 
 NCCL_ERROR = (
@@ -115,3 +117,45 @@ def test_a_broken_phase_file_is_refused_with_its_place(text: str, where: str, tm
     with pytest.raises(PhaseError) as err:
         parse_phase_file(text, "phases.yaml")
     assert where in str(err.value)
+
+
+# Fragments that make up marker lines and near-misses: every literal the markers need, cut and case-changed.
+_FRAGMENTS = [
+    "ncclCommInitRank",
+    "init.cc:1090 -> 2",
+    "Bootstrap : Using eth0",
+    "in init_process_group",
+    "in all_reduce",
+    "Init COMPLETE",
+    "Rendezvous complete",
+    "rendezvous",
+    "TCPStore",
+    "HcclCommInitRootInfo",
+    "topo info exchange",
+    "WorkNCCL(SeqNum=5, OpType=ALLREDUCE",
+    "[TaskExecStage]",
+    "HcclAllReduce",
+    "nccl",
+    "INIT",
+    "ialize",
+    "步骤",
+    "█",
+    " ",
+]
+_marker_line = st.lists(st.one_of(st.sampled_from(_FRAGMENTS), st.text(max_size=12)), max_size=12).map("".join)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=_marker_line, pad=st.integers(min_value=0, max_value=520))
+def test_the_fast_paths_marker_gate_never_hides_a_marker(fast_engine: Engine, text: str, pad: int) -> None:
+    """The fast path asks Hyperscan whether a line may carry a phase marker before the markers' regexes
+    run; it must answer yes wherever they match, also for lines cut at MAX_LINE inside a character."""
+    line = ("x" * pad + text).encode("utf-8", "surrogatepass")
+    expected = load_phase_markers().on_line(engine_prefix(line))
+    assert fast_engine._phase_marked(line) is expected
+
+
+def engine_prefix(line: bytes) -> bytes:
+    from trainmedic.detectors.engine import _utf8_prefix
+
+    return _utf8_prefix(line, MAX_LINE)

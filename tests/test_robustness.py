@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from trainmedic.agent.cli import main
-from trainmedic.detectors.engine import Engine
+from trainmedic.detectors.engine import Engine, _valid_utf8
 from trainmedic.models import Finding
 
 XID_79 = b"kernel: NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, GPU has fallen off the bus.\n"
@@ -169,6 +169,43 @@ def test_engine_escape_sequence_across_lines_keeps_lines(engine: Engine) -> None
     data = b"\x1b]0;title\nline2\n" + XID_79 + b"\x07\n" + XID_79
     findings = [f for f in engine.scan_text(data) if f.rule_id == "nvidia.xid"]
     assert [(f.line_no, f.last_line_no, f.count) for f in findings] == [(3, 5, 2)]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        pytest.param(
+            "Mar 27 10:00:00 gpu-node-3.cluster.local kernel: NVRM: Xid (PCI:0000:3b\n"
+            ":00): 79, pid=1234, GPU has fallen off the bus.\n",
+            [("nvidia.xid", 1, 2)],
+            id="xid-wrapped-mid-line",
+        ),
+        pytest.param(
+            "[INFO] HCCL(16,python):2025-04-27-15:01:25.767.291 [hccl_socket.cc:100] [16][HcclSocket][Listen] "
+            "socket type[1], listen on ip[192.168.189.78%eth0] and port[60015] success\n"
+            "RuntimeError: [enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate memory\n",
+            [("ascend.hccl_socket_listen", None, None)],
+            id="exception-header-is-a-new-record",
+        ),
+        pytest.param(
+            "(VllmWorkerProcess pid=2678037) INFO 04-27 12:14 worker.py:232] Memory profiling results: "
+            "gpu_memory_utilization=0.90\n"
+            "node_status: node=gpu-2 ready=Unknown reason=NodeStatusUnknown\n",
+            [("generic.node.status_unknown", None, None)],
+            id="match-inside-one-line-is-that-lines-own",
+        ),
+    ],
+)
+def test_engine_hard_wrapped_lines(
+    engine: Engine, text: str, expected: list[tuple[str, int | None, int | None]]
+) -> None:
+    """Pasted logs are put back together across a terminal's hard wrap, and only there: a match that
+    lies inside one physical line is judged on that line alone (its `unless` and anchors apply), and a
+    line that opens a record of its own (`RuntimeError: `, `node_status: `) is never a wrap's tail.
+    `expected` names the rule and where it matched; no line numbers: the rule must not match at all."""
+    rule_id = expected[0][0]
+    found = [(f.rule_id, f.line_no, f.last_line_no) for f in engine.scan_text(text) if f.rule_id == rule_id]
+    assert found == [e for e in expected if e[1] is not None]
 
 
 # -- the command line -----------------------------------------------------------------------------
@@ -327,3 +364,20 @@ def test_cli_real_engine_build(tmp_path: Path, capsys: pytest.CaptureFixture[str
     doc = _diagnose_json(capsys, "re", _write(tmp_path / "k.log", b"x\n" + XID_79))
     assert [(f["code"], f["line_no"]) for f in doc["findings"]] == [("xid:79", 2)]
     assert doc["root_cause"]["fault_class"] == "device_error"
+
+
+_utf8ish = st.lists(
+    st.one_of(st.binary(max_size=6), st.text(max_size=6).map(lambda t: t.encode("utf-8", "surrogatepass"))), max_size=40
+).map(b"".join)
+
+
+@settings(max_examples=500, deadline=None)
+@given(data=_utf8ish)
+def test_utf8_check_agrees_with_the_decoder(data: bytes) -> None:
+    """normalize() checks only the non-ASCII runs of a chunk; it must agree with a full decode."""
+    try:
+        data.decode("utf-8")
+        valid = True
+    except UnicodeDecodeError:
+        valid = False
+    assert _valid_utf8(data) is valid
