@@ -136,7 +136,11 @@ def _nice_ticks(lo: float, hi: float, n: int = 4) -> list[float]:
     if not span > 0 or not math.isfinite(span):
         return [lo]
     raw = span / n
-    mag = 10 ** math.floor(math.log10(raw))
+    if not raw > 0:
+        return [lo]  # a span so small (subnormal) that a fraction of it underflows to zero
+    mag = 10.0 ** math.floor(math.log10(raw))
+    if not mag > 0:
+        return [lo]
     step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
     first = math.ceil(lo / step) * step
     ticks: list[float] = []
