@@ -58,7 +58,8 @@ CLASS_WEIGHT: dict[FaultClass, int] = {
 }
 APPLICATION_DEVICE_ERROR_WEIGHT = 70
 IGNORABLE_WEIGHT = 8
-CONSEQUENCE_WEIGHT = 4
+# Below every class, `unknown` included: a consequence's cause, when in view, is the better root.
+CONSEQUENCE_WEIGHT = 1
 # Symptoms that a stronger cause elsewhere in the job explains.
 SYMPTOM_CLASSES = frozenset({FaultClass.HANG, FaultClass.COMM_ERROR, FaultClass.PROCESS_KILLED, FaultClass.UNKNOWN})
 
@@ -111,6 +112,7 @@ def correlate(
     enriched = [enrich(f) for f in findings]
     _explain_consequences(enriched)
     _explain_teardown([f for f, _ in enriched])
+    _explain_launcher_teardown([f for f, _ in enriched])
     weights = [weight(f, e) for f, e in enriched]
     if not enriched:
         return Diagnosis(root_cause=None, findings=[], distinct_findings=0, lines_scanned=lines_scanned)
@@ -329,6 +331,36 @@ def _explain_teardown(findings: list[Finding]) -> None:
     for f in findings:
         if f.fault_class is FaultClass.PROCESS_KILLED and f.code in KILL_CODES and f.consequence_of is None:
             f.consequence_of = first.code
+
+
+# A launcher's report that one process failed and the job was torn down (rules/process_killed.yaml,
+# generic.launcher_rank_aborted: Open MPI, horovodrun, Slurm's kill-on-bad-exit, Paddle, msrun).
+LAUNCHER_TEARDOWN_RULES = frozenset({"generic.launcher_rank_aborted"})
+TEARDOWN_KILL_CODES = KILL_CODES | {"batch_cancelled"}
+
+
+def _explain_launcher_teardown(findings: list[Finding]) -> None:
+    """After such a report the launcher or the batch system kills the processes still running (srun's
+    "tasks ...: Terminated", a container's exit 137): kills reported after it, by the logs' own clock or
+    later in the same file, are that teardown, a consequence of the failure and never its cause. A
+    kill before the report may be what made the process fail: it stays a candidate."""
+    reports = [f for f in findings if f.rule_id in LAUNCHER_TEARDOWN_RULES and f.consequence_of is None]
+    if not reports:
+        return
+    for f in findings:
+        if f.fault_class is not FaultClass.PROCESS_KILLED or f.code not in TEARDOWN_KILL_CODES:
+            continue
+        if f.consequence_of is None and any(_later(f, r) for r in reports):
+            f.consequence_of = reports[0].code
+
+
+def _later(f: Finding, than: Finding) -> bool:
+    """Whether `f` was reported after `than`: by timestamps when both carry one, else by line in one file."""
+    if f.timestamp is not None and than.timestamp is not None:
+        return f.timestamp > than.timestamp
+    if f.file == than.file and f.line_no is not None and than.line_no is not None:
+        return f.line_no > than.line_no
+    return False
 
 
 def _explain_consequences(enriched: list[tuple[Finding, udal.CatalogEntry | None]]) -> None:

@@ -186,3 +186,43 @@ def test_the_root_cause_carries_the_vendors_causes_and_steps(line: str, code: st
     assert rc.vendor_steps == [s.strip() for s in entry.steps]
     d = rc.contract_dict()
     assert d["vendor_causes"] == rc.vendor_causes and d["vendor_steps"] == rc.vendor_steps
+
+
+SLURM_TASK_FAILURE = (
+    "[2026-04-29T23:36:37.809] error: *** STEP 52222788.0 ON nid002888 CANCELLED AT 2026-04-29T23:36:37"
+    " DUE TO TASK FAILURE ***\n"
+    "srun: error: nid002888: tasks 0-57,59-63: Terminated\n"
+    "srun: Force Terminated StepId=52222788.0"
+)
+OMPI_FIRST_FAILURE = """--------------------------------------------------------------------------
+mpirun detected that one or more processes exited with non-zero status, thus causing
+the job to be terminated. The first process to do so was:
+
+  Process name: [[29973,1],0]
+  Exit code:    1
+--------------------------------------------------------------------------
+Killed"""
+KILLED_THEN_REPORT = """Killed
+mpirun detected that one or more processes exited with non-zero status, thus causing
+the job to be terminated. The first process to do so was:"""
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        pytest.param(SLURM_TASK_FAILURE, (FaultClass.UNKNOWN, "rank_aborted"), id="slurm-kill-on-bad-exit"),
+        pytest.param(OMPI_FIRST_FAILURE, (FaultClass.UNKNOWN, "rank_aborted"), id="mpirun-then-kill"),
+        # A kill before the report may be what made the process fail: it stays the cause.
+        pytest.param(KILLED_THEN_REPORT, (FaultClass.PROCESS_KILLED, "sigkill"), id="kill-then-mpirun"),
+    ],
+)
+def test_the_kills_a_launcher_sends_after_reporting_a_failure_are_its_teardown(
+    re_engine: Engine, text: str, expected: tuple[FaultClass, str]
+) -> None:
+    d = diagnose_text(text, re_engine)
+    rc = d.root_cause
+    assert rc is not None
+    assert (rc.fault_class, rc.code) == expected
+    if expected[1] == "rank_aborted":
+        kills = [f for f in d.findings if f.fault_class is FaultClass.PROCESS_KILLED]
+        assert kills and all(f.consequence_of == "rank_aborted" for f in kills)
