@@ -2,7 +2,8 @@
 #   make demo    six faults detected, healed or notified, on an emulated cluster (installs what it needs)
 #   make test    lint (ruff), types (mypy --strict), then the test suite (against real servers:
 #                Prometheus and Alertmanager from Debian, Apache Kafka from Maven Central, tansu;
-#                the web console in Debian's Chromium)
+#                the web console in Debian's Chromium), then `make compat`
+#   make compat  the regex-internals tests on the newest CPython here (tests/compat.sh)
 #   make kafka   Apache Kafka's jars for the bus tests, once per version (make test does it)
 #   make cluster the real Kubernetes control plane for tests/realplane (kube-apiserver,
 #                kube-controller-manager, kube-scheduler, etcd and KWOK built with Go), once per
@@ -30,7 +31,7 @@ KUBE_VERSION := $(shell awk '$$1 == "k8s.io/kubernetes" { print $$2 } $$1 == "re
 KUBE_HOME    := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/trainmedic/kube-$(KUBE_VERSION)
 KUBE_STAMP   := $(KUBE_HOME)/bin/.built-$(shell cat $(KUBE_DIR)/go.mod $(KUBE_DIR)/go.sum $(KUBE_DIR)/build.sh $(KUBE_DIR)/etcd/main.go | sha256sum | cut -c1-12)
 
-.PHONY: all venv servers browser kafka cluster helm check lint types test demo bench soak clean
+.PHONY: all venv servers browser kafka cluster helm check lint types test compat demo bench soak clean
 
 all: test
 
@@ -121,6 +122,12 @@ PYTEST_ARGS    ?=
 test: check servers browser kafka cluster helm
 	$(VENV)/bin/trainmedic rules test
 	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadscope --no-loadscope-reorder $(PYTEST_ARGS)
+	@$(MAKE) --no-print-directory compat
+
+# The tests of the code that reads CPython's private regex parser, on the newest CPython here
+# (tests/compat.sh: its own environment, .venv-compat; a failure under CI=true when there is none).
+compat:
+	tests/compat.sh
 
 # The whole loop on an emulated cluster (kmock): Xid 79, CUDA OOM, HCCL init failure, a hang, a lost
 # node and an application error, each detected, its scene saved, healed or notified, and reported.
@@ -158,4 +165,4 @@ soak: venv
 	@$(PY) -m bench.soak --results bench/results.json $(SOAK_ARGS)
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache build *.egg-info
+	rm -rf $(VENV) .venv-compat .mypy_cache .ruff_cache .pytest_cache build *.egg-info
