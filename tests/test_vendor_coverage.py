@@ -58,6 +58,8 @@ NOT_IN_VENDOR_TABLES = frozenset(
         "cuda_program_error",
         "device_exception",
         "nccl_duplicate_gpu",
+        # HCCL's P2P link-setup timeout returns HCCL_E_DRV, which no error-code table names.
+        "hccl_p2p_timeout",
     }
 )
 
