@@ -9,7 +9,7 @@ Per event:
   compiled once per source: container logs, kernel, Kubernetes lines); pod statuses, core/v1
   events, unhealthy nodes (the copies published per job) and failed workloads are rendered as the
   canonical `pod_status:` / `k8s_event:` / `node_status:` / `job_status:` lines the rules match
-  (agent/watchers/k8s.py); a container's termination is taken once, however often its pod's later
+  (agent/watchers/k8s/); a container's termination is taken once, however often its pod's later
   changes render it again, and not at all when it ended more than `termination_max_age_s` ago;
 * the hang detector sees every log batch (step progress, checkpoint and evaluation markers), the
   job's running state and the accelerator utilisation; it is checked on a timer;

@@ -8,7 +8,7 @@ of the workload, of its pods and of their nodes, the nodes' status, and classifi
 engine and attribution as `diagnose --scene`: a log's findings take its pod, namespace, node
 (pod.spec.nodeName) and rank (RANK env, the replica or completion index). What is classified is what
 a scene bundle keeps (redacted, bounded, each log named by its file there: agent/jobinputs.py), and
-`--save DIR` writes that bundle (remediations/scene.py, the agent's own layout) from what was read,
+`--save DIR` writes that bundle (remediations/scene/, the agent's own layout) from what was read,
 so `diagnose --scene DIR` gives the same JSON.
 
 `scan [-n NS | -A]` lists the training workloads that failed or are restarting, each with the
@@ -242,7 +242,7 @@ class JobScene:
         return None
 
     async def save(self, directory: Path, diagnosis: Diagnosis, *, now: float) -> SceneResult:
-        """Write the scene bundle the agent writes (remediations/scene.py) into `directory`, from what
+        """Write the scene bundle the agent writes (remediations/scene/) into `directory`, from what
         was read (nothing is read again, nothing is written to the cluster), so that `diagnose --scene
         directory` gives `diagnosis` again. `directory` must not exist, or be empty."""
         directory = directory.absolute()

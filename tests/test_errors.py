@@ -19,7 +19,7 @@ LAYERS = (
     "trainmedic.remediations.kube",
     "trainmedic.remediations.workloads",
     "trainmedic.remediations.errors",
-    "trainmedic.agent.watchers.k8s",
+    "trainmedic.agent.watchers.k8s.errors",
     "trainmedic.agent.watchers.kernel",
     "trainmedic.agent.watchers.metrics",
     "trainmedic.agent.watchers.nvml",
