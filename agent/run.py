@@ -322,7 +322,7 @@ def _release_node(responder: Any) -> Callable[[str, str], Awaitable[bool]] | Non
 
 
 def _add_api(agent: Agent, producer: str) -> None:
-    """The HTTP API (agent/api.py): the responder's incident store (or the store file, when one exists),
+    """The HTTP API (agent/api/): the responder's incident store (or the store file, when one exists),
     alerts from Alertmanager onto the bus, readiness from the agent's state. It serves until `stop`;
     a port it cannot listen on leaves the rest of the agent running and says why."""
     from trainmedic.agent import api

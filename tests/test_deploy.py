@@ -453,7 +453,7 @@ def test_node_agent_reads_only() -> None:
 
 
 def test_cluster_watcher_reads_exactly_what_it_watches() -> None:
-    """List + watch of each resource agent/watchers/k8s.py reflects, nothing more."""
+    """List + watch of each resource agent/watchers/k8s/ reflects, nothing more."""
     grants = grants_of("trainmedic-cluster")
     assert {g[3] for g in grants} <= READ_VERBS, "the cluster role writes nothing"
     needed = {("cluster", spec.group, spec.plural, verb) for spec in RESOURCES.values() for verb in ("list", "watch")}
@@ -1238,7 +1238,7 @@ def api_routes() -> set[tuple[str, str]]:
 
 
 def test_probed_and_posted_paths_are_the_apis() -> None:
-    """The paths the manifests probe and Alertmanager posts to are routes of agent/api.py."""
+    """The paths the manifests probe and Alertmanager posts to are routes of agent/api/."""
     routes = api_routes()
     assert ("GET", "/healthz") in routes and ("GET", "/readyz") in routes and ("GET", "/metrics") in routes
     for w in (w for r in alertmanager_config()["receivers"] for w in r.get("webhook_configs") or []):

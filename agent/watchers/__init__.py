@@ -6,5 +6,6 @@
 - `crilog`: container log files under /var/log/pods on this node (node role);
 - `kernel`: kernel messages (/dev/kmsg, a kern.log file or journald) on this node;
 - `metrics`: accelerator metrics from Prometheus (cluster role);
-- `nvml`: NVIDIA device metrics read locally through NVML (node role).
+- `nvml`: NVIDIA device metrics read locally through NVML (node role);
+- `alertmanager`: Alertmanager webhook notifications (received by the API) converted to input events.
 """
