@@ -727,7 +727,7 @@ class _DaemonCalls(concurrent.futures.ThreadPoolExecutor):
 
 class ReadOps(KubeOps):
     """The reads a person's `diagnose --job` and `scan` make with their own kubeconfig (every kind
-    of READ_WORKLOADS, pods of a namespace). They live here, not in KubeOps: remediations/kube.py
+    of READ_WORKLOADS, pods of a namespace). They live here, not in KubeOps: remediations/kube/
     holds exactly the daemon's calls, which the deploy tests read to prove its RBAC is minimal."""
 
     async def read_workload(self, res: _Res, namespace: str, name: str) -> JSON | None:

@@ -3,7 +3,7 @@
 Nothing here runs a container or a cluster, so the files are parsed and held against the code they
 deploy: every role's configuration goes through the real settings model (agent.config.load_settings,
 with the environment the container would get) and check_role; the RBAC rules are compared with the
-API calls remediations/kube.py and the watchers make, verb by verb; host paths, users, probes,
+API calls remediations/kube/ and the watchers make, verb by verb; host paths, users, probes,
 resources and image references are checked one by one; the compose services' configuration must
 name the compose services it talks to. Where the real tools are installed they check too:
 `kubectl kustomize` renders both kustomizations, `promtool` and `amtool` check the Prometheus and
@@ -15,6 +15,9 @@ from __future__ import annotations
 import ast
 import base64
 import functools
+import importlib
+import inspect
+import pkgutil
 import re
 import shutil
 import subprocess
@@ -22,6 +25,7 @@ import tomllib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -54,7 +58,7 @@ READ_VERBS = {"get", "list", "watch"}
 VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
 
 # The only things trainmedic creates or deletes: the exec sessions of stack dumps, the training
-# workloads a restart from checkpoint replaces (remediations/kube.py WORKLOADS), and Events on a Node.
+# workloads a restart from checkpoint replaces (remediations/kube/ WORKLOADS), and Events on a Node.
 CREATE_ALLOWED = {("", "pods/exec"), ("", "events")} | {(r.group, r.plural) for r in kube_mod.WORKLOADS.values()}
 DELETE_ALLOWED = {(r.group, r.plural) for r in kube_mod.WORKLOADS.values()}
 
@@ -463,14 +467,26 @@ def test_cluster_watcher_reads_exactly_what_it_watches() -> None:
     assert grants == needed
 
 
+def kube_modules() -> list[ModuleType]:
+    """The remediations/kube/ package and each of its modules (KubeOps and what it is built from)."""
+    parts = pkgutil.iter_modules(kube_mod.__path__, prefix=f"{kube_mod.__name__}.")
+    return [kube_mod, *(importlib.import_module(m.name) for m in parts)]
+
+
+def what_calls() -> Iterator[tuple[ModuleType, ast.Call]]:
+    """Each `_What(...)` call in the source of remediations/kube/, with the module whose code makes
+    it (where the resource name it passes is looked up)."""
+    for module in kube_modules():
+        for node in ast.walk(ast.parse(inspect.getsource(module))):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "_What":
+                yield module, node
+
+
 def kubeops_calls() -> set[tuple[str, str, str, bool]]:
-    """(verb, apiGroup, resource[/sub], namespaced) of every API call remediations/kube.py describes
+    """(verb, apiGroup, resource[/sub], namespaced) of every API call remediations/kube/ describes
     with `_What(verb, RESOURCE, ..., sub=...)`, read from its source: the code is the reference."""
-    tree = ast.parse(Path(kube_mod.__file__).read_text(encoding="utf-8"))
     out: set[tuple[str, str, str, bool]] = set()
-    for node in ast.walk(tree):
-        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "_What"):
-            continue
+    for module, node in what_calls():
         verb_node, res_node = node.args[0], node.args[1]
         assert isinstance(verb_node, ast.Constant) and isinstance(verb_node.value, str)
         assert isinstance(res_node, ast.Name), ast.dump(node)
@@ -480,7 +496,7 @@ def kubeops_calls() -> set[tuple[str, str, str, bool]]:
         if res_node.id == "res":  # a workload of any supported kind
             targets = list(kube_mod.WORKLOADS.values())
         else:
-            target = getattr(kube_mod, res_node.id)
+            target = getattr(module, res_node.id)
             assert isinstance(target, kube_mod._Res), f"unknown resource name {res_node.id} in a _What call"
             targets = [target]
         for r in targets:
@@ -504,7 +520,7 @@ def test_brain_rights_are_exactly_what_the_responder_uses() -> None:
         needed.add(("namespace" if namespaced else "cluster", group, resource, verb))
     # Events on a Node (node-problem-detector style) live in `default`, not a training namespace:
     # granted with the node rights.
-    assert "NODE_EVENT_NAMESPACE, body" in Path(kube_mod.__file__).read_text(encoding="utf-8")
+    assert any("NODE_EVENT_NAMESPACE, body" in inspect.getsource(m) for m in kube_modules())
     needed.discard(("namespace", "", "events", "create"))
     needed.add(("cluster", "", "events", "create"))
     # Stack dumps: remediations/stacks.py opens the exec WebSocket (a GET; authorized as `get`, and

@@ -6,6 +6,7 @@ expression the real Prometheus (and promtool) accepts."""
 from __future__ import annotations
 
 import ast
+import inspect
 import json
 import re
 import shutil
@@ -20,7 +21,7 @@ import pytest
 import yaml
 from kubernetes import client as kclient
 from servers.prometheus import PrometheusServer, in_ci, require_prometheus
-from test_deploy import schema_problems
+from test_deploy import kube_modules, schema_problems, what_calls
 
 from trainmedic.agent.config import Role, check_role, load_settings
 from trainmedic.agent.run import build_agent
@@ -191,18 +192,15 @@ def rules_grants(rules: list[Doc]) -> set[Grant]:
 
 
 def kubeops_calls() -> set[tuple[str, str, str, bool]]:
-    """(verb, apiGroup, resource[/sub], namespaced) of each `_What(...)` in remediations/kube.py."""
-    tree = ast.parse(Path(kube_mod.__file__).read_text(encoding="utf-8"))
+    """(verb, apiGroup, resource[/sub], namespaced) of each `_What(...)` in remediations/kube/."""
     out = set()
-    for node in ast.walk(tree):
-        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "_What"):
-            continue
+    for module, node in what_calls():
         verb, res = node.args[0], node.args[1]
         assert isinstance(verb, ast.Constant) and isinstance(res, ast.Name)
         sub = next(
             (str(k.value.value) for k in node.keywords if k.arg == "sub" and isinstance(k.value, ast.Constant)), None
         )
-        targets = list(kube_mod.WORKLOADS.values()) if res.id == "res" else [getattr(kube_mod, res.id)]
+        targets = list(kube_mod.WORKLOADS.values()) if res.id == "res" else [getattr(module, res.id)]
         for r in targets:
             out.add((str(verb.value), r.group, r.plural + (f"/{sub}" if sub else ""), r.namespaced))
     return out
@@ -219,7 +217,7 @@ def test_cluster_role_is_exactly_what_the_pod_calls() -> None:
     # Events on a Node live in the `default` namespace, which a kustomization cannot grant a Role in:
     # the node-problem-detector style Event is created through the ClusterRole.
     assert ("create", "", "events", True) in kubeops_calls()
-    assert "NODE_EVENT_NAMESPACE, body" in Path(kube_mod.__file__).read_text(encoding="utf-8")
+    assert any("NODE_EVENT_NAMESPACE, body" in inspect.getsource(m) for m in kube_modules())
     needed.add(("", "events", "create"))
     granted = rules_grants(one(ALL_IN_ONE, "ClusterRole")["rules"])
     assert granted == needed

@@ -16,7 +16,7 @@ from trainmedic.remediations.kube import TemporaryKubeError
 
 BRANCHES = (TemporaryError, PermanentError, FatalError)
 LAYERS = (
-    "trainmedic.remediations.kube",
+    "trainmedic.remediations.kube.errors",
     "trainmedic.remediations.workloads",
     "trainmedic.remediations.errors",
     "trainmedic.agent.watchers.k8s.errors",

@@ -13,7 +13,7 @@ kopf's errors tell its framework what to do:
     +-- FatalError          the agent itself cannot go on with the work (its store is unusable)
     +-- (input and data-file errors: RuleLoadError, InputError, PolicyError, ... reported, not retried)
 
-Each layer's own errors (remediations.kube.KubeError, agent.watchers.k8s.errors.WatchError,
+Each layer's own errors (remediations.kube.errors.KubeError, agent.watchers.k8s.errors.WatchError,
 remediations.workloads.WorkloadError, agent.notify, remediations.errors) subclass one of the three,
 so `retry_meaning` answers for any of them.
 """
