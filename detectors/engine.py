@@ -119,13 +119,6 @@ class Engine:
             self._unless.append([_LazyRegex(u, re.ASCII) for u in rule.unless])
         self._rule_index = {rule.id: ri for ri, rule in enumerate(self.rules)}
         self._phases: PhaseMarkers = load_phase_markers()
-        # The fast path asks Hyperscan first whether a neighbour line can carry a phase marker at
-        # all (most cannot): the markers' alternations cost tens of microseconds a line in `re`.
-        self._marker_gate = (
-            _HyperscanPrefilter(list(enumerate([*self._phases.init_patterns, *self._phases.runtime_patterns])))
-            if self.fast
-            else None
-        )
         self._cont_ids = [i for i, p in enumerate(self._pats) if p.continuation]
         self._is_cont = np.array([p.continuation for p in self._pats], dtype=bool)
         # False: every pattern, line by line (a continuation rule's record may be one line long);
@@ -341,10 +334,20 @@ class Engine:
                 out.setdefault((first, last), set()).add(pid)
         return out
 
+    @functools.cached_property
+    def _marker_gate(self) -> _HyperscanPrefilter | None:
+        """On the fast path, Hyperscan answers first whether a neighbour line can carry a phase marker
+        at all (most cannot): the markers' alternations cost tens of microseconds a line in `re`.
+        Built at the first phase question, so an engine that never meets one never builds it."""
+        if not self.fast:
+            return None
+        return _HyperscanPrefilter(list(enumerate([*self._phases.init_patterns, *self._phases.runtime_patterns])))
+
     def _phase_marked(self, line: bytes) -> FaultClass | None:
         """The phase marker on a line near a finding (detectors/phase.py), or None."""
         text = _utf8_prefix(line, MAX_MARKER_LINE)
-        if self._marker_gate is not None and not self._marker_gate.scan(text)[0]:
+        gate = self._marker_gate
+        if gate is not None and not gate.scan(text)[0]:
             return None
         return self._phases.on_line(text)
 
