@@ -53,7 +53,6 @@ _PATH_BODY = ~_table(b" \t\r\n:")
 _GLOG = _table(b"IWEF")
 _MONTHS = (b"Jan ", b"Feb ", b"Mar ", b"Apr ", b"May ", b"Jun ", b"Jul ", b"Aug ", b"Sep ", b"Oct ", b"Nov ", b"Dec ")
 _LEVELS = (b"INFO", b"WARN", b"ERROR", b"DEBUG", b"TRACE", b"FATAL", b"CRITICAL", b"NOTICE")
-# Shapes over the first bytes of a line: "d" a digit, anything else that byte itself.
 # Shapes over the first bytes of a line ("d" a digit, "L" a glog level letter): a date, a clock time,
 # a glog stamp (I0101 12:00:00).
 _SHAPES = (b"dddd-dd-dd", b"dd:dd:dd", b"Ldddd dd:")
