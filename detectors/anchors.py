@@ -31,19 +31,37 @@ class Anchor:
     ci: bool
 
 
+def _digits_mostly(literal: bytes) -> bool:
+    """A literal of digits with fewer than three other bytes ("3221225477", "0xC0000005", "9999").
+    Logs are full of digits (times, counters, ids), so the byte pairs of such a literal occur
+    everywhere and finding it costs a check at each: a word of the same pattern is the better way in."""
+    other = sum(1 for b in literal if not 48 <= b <= 57)
+    return other < 3 and len(literal) - other > other
+
+
+def _score(cand: frozenset[Anchor]) -> tuple[bool, bool, int, int]:
+    shortest = min(len(a.literal) for a in cand)
+    return (shortest >= MIN_ANCHOR_LEN, not any(_digits_mostly(a.literal) for a in cand), shortest, -len(cand))
+
+
 def _best(candidates: list[frozenset[Anchor]]) -> frozenset[Anchor] | None:
     best: frozenset[Anchor] | None = None
-    best_score = (-1, 0)
+    best_score: tuple[bool, bool, int, int] = (False, False, -1, 0)
     for cand in candidates:
         if not cand:
             continue
-        score = (min(len(a.literal) for a in cand), -len(cand))
+        score = _score(cand)
         if score > best_score:
             best, best_score = cand, score
     return best
 
 
 def _seq(items: Any, ci: bool) -> frozenset[Anchor] | None:
+    return _best(_candidates(items, ci))
+
+
+def _candidates(items: Any, ci: bool) -> list[frozenset[Anchor]]:
+    """Every anchor set of a sequence of regex items: each is required on its own."""
     candidates: list[frozenset[Anchor]] = []
     run: list[str] = []
 
@@ -93,7 +111,7 @@ def _seq(items: Any, ci: bool) -> frozenset[Anchor] | None:
                 if found:
                     candidates.append(found)
     flush()
-    return _best(candidates)
+    return candidates
 
 
 def _lead(branch: Any) -> str:
@@ -115,12 +133,22 @@ def _joined(prefix: list[str], branches: Any, ci: bool) -> frozenset[Anchor] | N
 
 def required_anchors(pattern: str) -> frozenset[Anchor] | None:
     """Anchors for `pattern` (any match contains at least one), or None when none is safe."""
+    options = anchor_options(pattern)
+    return options[0] if options else None
+
+
+def anchor_options(pattern: str, limit: int = 4) -> list[frozenset[Anchor]]:
+    """Up to `limit` different anchor sets for `pattern`, each safe on its own (any match contains
+    one of its literals), the one `required_anchors` picks first. Which of them finds the fewest
+    places depends on the text: "NCCL INFO " is rare in a training log and on every other line of an
+    NCCL debug log, where the " -> " of the same pattern is rare; the engine picks per chunk."""
     try:
         parsed = sre_parse.parse(pattern)
     except (re.error, RecursionError):
-        return None
+        return []
     ci = bool(parsed.state.flags & re.IGNORECASE)
-    found = _seq(parsed, ci)
-    if found is None or min(len(a.literal) for a in found) < MIN_ANCHOR_LEN:
-        return None
-    return found
+    found: list[frozenset[Anchor]] = []
+    for cand in sorted(_candidates(parsed, ci), key=_score, reverse=True):
+        if cand and min(len(a.literal) for a in cand) >= MIN_ANCHOR_LEN and cand not in found:
+            found.append(cand)
+    return found[:limit]

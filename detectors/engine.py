@@ -36,7 +36,7 @@ import numpy as np
 
 from trainmedic import cache, hsdb
 from trainmedic.detectors import views
-from trainmedic.detectors.anchors import MIN_ANCHOR_LEN, Anchor, required_anchors
+from trainmedic.detectors.anchors import MIN_ANCHOR_LEN, Anchor, anchor_options
 from trainmedic.detectors.localize import localize
 from trainmedic.detectors.phase import MAX_LINE as MAX_MARKER_LINE
 from trainmedic.detectors.phase import PHASE_SENSITIVE, PhaseMarkers, load_phase_markers
@@ -838,37 +838,122 @@ class _AnchorPrefilter(_Prefilter):
     # lower-cased literal search is not safe, so case-insensitive patterns fall back to re.
     _FOLDS = (b"\xc4\xb0", b"\xc4\xb1", b"\xc5\xbf", b"\xe2\x84\xaa")
 
+    # Chunks at least this large pick each pattern's anchor set by the chunk's own byte pairs (see
+    # _Choices); smaller ones (a live batch of a few lines) keep the static first choice, which costs
+    # nothing to pick.
+    CHOOSE_MIN_BYTES = 256 << 10
+
     def __init__(self, pats: list[tuple[int, _LazyRegex]]) -> None:
         self.by_anchor: dict[Anchor, list[int]] = {}
         self.fallback: list[tuple[int, re.Pattern[bytes]]] = []
         self.ci_fallback: list[tuple[int, re.Pattern[bytes]]] = []
+        fixed: dict[Anchor, list[int]] = {}
+        chooser: list[tuple[int, list[frozenset[Anchor]]]] = []
         for pid, regex in pats:
-            anchors = required_anchors(regex.pattern)
+            options = anchor_options(regex.pattern)
             as_bytes = _chunk_regex(regex.pattern)
-            if anchors is None:
+            if not options:
                 self.fallback.append((pid, as_bytes))
                 continue
+            anchors = options[0]
             for a in anchors:
                 self.by_anchor.setdefault(a, []).append(pid)
             if any(a.ci for a in anchors):
                 self.ci_fallback.append((pid, as_bytes))
+            exact_options = [o for o in options if not any(a.ci for a in o)]
+            if len(exact_options) > 1 and exact_options[0] == anchors:
+                chooser.append((pid, exact_options))
+            else:
+                for a in anchors:
+                    fixed.setdefault(a, []).append(pid)
+        self._choices = _Choices(fixed, chooser) if chooser else None
 
     def scan(self, data: bytes) -> tuple[list[int], list[int]]:
         pids: list[int] = []
         ends: list[int] = []
         unsafe_ci = bool(self.ci_fallback) and not data.isascii() and any(f in data for f in self._FOLDS)
         ci_fallback_ids = {pid for pid, _ in self.ci_fallback} if unsafe_ci else set()
-        exact = [(a, p) for a, p in self.by_anchor.items() if not a.ci]
+        hist: _Bigrams | None = None
+        if self._choices is not None and len(data) >= self.CHOOSE_MIN_BYTES:
+            hist = _Bigrams(data)
+            exact = self._choices.pick(hist.counts)
+        else:
+            exact = [(a, p) for a, p in self.by_anchor.items() if not a.ci]
         folded = [(a, p) for a, p in self.by_anchor.items() if a.ci and not unsafe_ci]
-        _find_literals(data, exact, ci_fallback_ids, pids, ends)
+        _find_literals(data, exact, ci_fallback_ids, pids, ends, hist)
         if folded:
             _find_literals(data.lower(), folded, ci_fallback_ids, pids, ends)
         _regex_scan(self.fallback + (self.ci_fallback if unsafe_ci else []), data, pids, ends)
         return pids, ends
 
 
+class _Bigrams:
+    """A chunk as bytes, its byte pairs and their histogram: computed once per chunk."""
+
+    __slots__ = ("arr", "big", "counts")
+
+    def __init__(self, hay: bytes) -> None:
+        self.arr = np.frombuffer(hay, dtype=np.uint8)
+        self.big = (self.arr[:-1].astype(np.uint16) << 8) | self.arr[1:]
+        self.counts = np.bincount(self.big, minlength=65536)
+
+
+class _Choices:
+    """Per chunk, each pattern's cheapest anchor set among those that are each safe on its own.
+
+    A set's cost is what finding it costs in _find_literals: for each literal, the count of its
+    rarest byte pair in the chunk. Vectorised: one gather of every option's pairs, a minimum per
+    literal, a sum per option, an argmin per pattern. Ties keep the static first choice."""
+
+    def __init__(self, fixed: dict[Anchor, list[int]], chooser: list[tuple[int, list[frozenset[Anchor]]]]) -> None:
+        self.fixed = fixed
+        self.pids = [pid for pid, _ in chooser]
+        self.options = [[sorted(o, key=lambda a: a.literal) for o in opts] for _, opts in chooser]
+        width = max(len(opts) for opts in self.options)
+        pairs: list[int] = []
+        lit_starts: list[int] = []
+        opt_starts: list[int] = []
+        cells: list[int] = []
+        for row, opts in enumerate(self.options):
+            for col, option in enumerate(opts):
+                opt_starts.append(len(lit_starts))
+                cells.append(row * width + col)
+                for anchor in option:
+                    lit = anchor.literal
+                    lit_starts.append(len(pairs))
+                    pairs.extend((lit[i] << 8) | lit[i + 1] for i in range(len(lit) - 1))
+        self.width = width
+        self.pairs = np.array(pairs, dtype=np.intp)
+        self.lit_starts = np.array(lit_starts, dtype=np.intp)
+        self.opt_starts = np.array(opt_starts, dtype=np.intp)
+        self.cells = np.array(cells, dtype=np.intp)
+        self._last: tuple[bytes, list[tuple[Anchor, list[int]]]] | None = None
+
+    def pick(self, counts: np.ndarray) -> list[tuple[Anchor, list[int]]]:
+        per_literal = np.minimum.reduceat(counts[self.pairs], self.lit_starts)
+        per_option = np.add.reduceat(per_literal, self.opt_starts)
+        grid = np.full(len(self.options) * self.width, np.iinfo(np.int64).max, dtype=np.int64)
+        grid[self.cells] = per_option
+        choice = grid.reshape(len(self.options), self.width).argmin(axis=1)
+        key = choice.astype(np.uint8).tobytes()
+        if self._last is not None and self._last[0] == key:
+            return self._last[1]
+        by_anchor = {a: list(p) for a, p in self.fixed.items()}
+        for pid, opts, col in zip(self.pids, self.options, choice.tolist(), strict=True):
+            for anchor in opts[col]:
+                by_anchor.setdefault(anchor, []).append(pid)
+        picked = list(by_anchor.items())
+        self._last = (key, picked)
+        return picked
+
+
 def _find_literals(
-    hay: bytes, anchors: list[tuple[Anchor, list[int]]], skip: set[int], pids: list[int], ends: list[int]
+    hay: bytes,
+    anchors: list[tuple[Anchor, list[int]]],
+    skip: set[int],
+    pids: list[int],
+    ends: list[int],
+    hist: _Bigrams | None = None,
 ) -> None:
     """Every occurrence of every anchor literal in `hay`, in one vectorised pass.
 
@@ -878,9 +963,9 @@ def _find_literals(
     """
     if not anchors or len(hay) < MIN_ANCHOR_LEN:
         return  # anchors are at least MIN_ANCHOR_LEN bytes long
-    arr = np.frombuffer(hay, dtype=np.uint8)
-    big = (arr[:-1].astype(np.uint16) << 8) | arr[1:]
-    counts = np.bincount(big, minlength=65536)
+    if hist is None:
+        hist = _Bigrams(hay)
+    arr, big, counts = hist.arr, hist.big, hist.counts
     plan: dict[int, list[tuple[int, bytes, list[int]]]] = {}
     for anchor, anchor_pids in anchors:
         lit = anchor.literal

@@ -354,3 +354,37 @@ def test_crlf_lines_are_found_as_lf_lines_are(engine: Engine, ref_rules: list[_R
     crlf = (line + "\r\n").encode()
     assert summarize(engine.scan_text(crlf), LINE_RULES) == summarize(engine.scan_text(lf), LINE_RULES)
     assert summarize(engine.scan_text(crlf), LINE_RULES) == reference(ref_rules, crlf)
+
+
+# NCCL's own INFO lines, many times over: in such a log the static anchor of a pattern ("NCCL INFO ")
+# is everywhere and another of its anchors (" -> ") is rare, so a large chunk picks the other.
+_NCCL_NOISE = [
+    b"gpu-node-1:1787141:1787412 [2] NCCL INFO Setting affinity for GPU 2 to ffffffff,00000000\n",
+    b"gpu-node-1:1787141:1787412 [2] NCCL INFO Channel 00/0 : 2[2] -> 3[3] via P2P/IPC\n",
+    b"gpu-node-1:1787141:1787412 [2] NCCL INFO comm 0x55d1 rank 2 nRanks 8 nNodes 1 localRanks 8\n",
+]
+
+
+@pytest.mark.parametrize("noise", [0, 3000], ids=["fragments", "fragments-in-nccl-noise"])
+def test_large_chunks_pick_their_own_anchors_and_still_match_reference(
+    engine: Engine, ref_rules: list[_RefRule], noise: int
+) -> None:
+    """A chunk of at least CHOOSE_MIN_BYTES picks each pattern's anchor set by its own byte pairs;
+    whichever it picks, the findings are the reference's."""
+    body = ("\n".join(FRAGMENTS).encode("utf-8", "replace") + b"\n") * 4
+    data = b"".join(_NCCL_NOISE) * noise + body + b"".join(_NCCL_NOISE) * noise
+    assert len(data) >= engine_mod._AnchorPrefilter.CHOOSE_MIN_BYTES
+    assert summarize(engine.scan_text(data), LINE_RULES) == reference(ref_rules, data)
+
+
+def test_nccl_noise_moves_an_anchor_off_its_static_choice(re_engine: Engine) -> None:
+    """The property above exercises the choice: in NCCL noise some pattern leaves its static anchor."""
+    prefilter = re_engine._prefilters[False]
+    assert isinstance(prefilter, engine_mod._AnchorPrefilter)
+    data = b"".join(_NCCL_NOISE) * 3000
+    static = {(a, tuple(p)) for a, p in prefilter.by_anchor.items() if not a.ci}
+    assert prefilter._choices is not None
+    picked = {(a, tuple(p)) for a, p in prefilter._choices.pick(engine_mod._Bigrams(data).counts)}
+    assert picked != static
+    assert any(a.literal == b"NCCL INFO " for a, _ in static)
+    assert not any(a.literal == b"NCCL INFO " and pids for a, pids in picked)
