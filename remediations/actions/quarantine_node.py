@@ -97,11 +97,13 @@ async def run(call: ActionCall) -> None:
         await call.journal.update(call.seq, "skipped", result={"reason": "the fault is not localised to a node"})
         return
     await call.journal.update(call.seq, "running", params=dict(call.entry.params, node=node))
-    nodes = await pool_nodes(rt.kube, rt.policy, node)
+    # Two independent reads, from the API and the store: side by side. (gather, not a task group:
+    # the first error surfaces as itself, with its retry meaning; the other read simply finishes.)
+    nodes, base = await asyncio.gather(pool_nodes(rt.kube, rt.policy, node), rt.policy_context(call.incident_id, rc))
     pool, pool_size = rt.policy.pool_of(node, nodes)
     quarantined = rt.policy.pool_quarantined(node, nodes)
     ctx = dataclasses.replace(
-        await rt.policy_context(call.incident_id, rc),
+        base,
         node=node,
         pool=pool,
         pool_size=pool_size,
