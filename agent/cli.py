@@ -236,6 +236,19 @@ def build_parser() -> argparse.ArgumentParser:
     show = csub.add_parser("show", help="the effective settings (file + environment) as YAML, secrets hidden")
     show.add_argument("--config", metavar="FILE", help="settings YAML (default: none, the embedded defaults)")
 
+    ck = sub.add_parser(
+        "checkpoints",
+        help="the checkpoints under a directory, complete or not (which one a restart would resume from)",
+    )
+    ck.add_argument("root", metavar="DIR", help="the job's checkpoint root (trainmedic.io/checkpoint-dir)")
+    ck.add_argument(
+        "--json", action="store_true", help="one JSON document on stdout (what a checkpoint reader pod prints)"
+    )
+    ck.add_argument("--max-depth", type=int, default=None, metavar="N", help="levels below DIR searched (default 2)")
+    ck.add_argument(
+        "--max-entries", type=int, default=None, metavar="N", help="directory entries read in all (default 10,000)"
+    )
+
     sub.add_parser("version", help="print the version")
     return parser
 
@@ -261,6 +274,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _demo(args)
         if args.command == "config":
             return _config(args)
+        if args.command == "checkpoints":
+            return _checkpoints(args)
         print(__version__)
         return EXIT_OK
     except KeyboardInterrupt:
@@ -758,6 +773,29 @@ def _print_incident(data: dict[str, Any], *, utc: bool = False) -> None:
         _out(f"  action {a['seq']}: {a['name']:<24} {a['state']:<10} {json.dumps(result, ensure_ascii=False)[:160]}")
     for e in data["timeline"]:
         _out(f"  {when(e['t'], utc=utc)}  {e['kind']}")
+
+
+def _checkpoints(args: argparse.Namespace) -> int:
+    """`trainmedic checkpoints DIR`: every candidate, newest last, and the one a restart would use.
+    With --json, the document remediations/checkpoint_reader.py reads back from a reader pod's log."""
+    from trainmedic.remediations import checkpoint_reader, checkpoints
+
+    bounds = {k: v for k, v in (("max_depth", args.max_depth), ("max_entries", args.max_entries)) if v is not None}
+    found = checkpoints.list_checkpoints(args.root, **bounds)
+    if args.json:
+        print(checkpoint_reader.render_listing(args.root, found))
+        return EXIT_OK
+    if not found:
+        print(f"{args.root}: no checkpoint (the directory is missing, empty or holds none)")
+        return EXIT_OK
+    latest = checkpoints.latest_complete(args.root, **bounds)
+    for c in found:
+        mark = "*" if latest is not None and c.path == latest.path else " "
+        state = "complete" if c.complete else f"incomplete: {c.reason}"
+        step = "-" if c.step is None else str(c.step)
+        print(f"{mark} {step:>10}  {c.format:<10}  {c.path}  ({state})")
+    print("* the checkpoint a restart resumes from" if latest is not None else "no complete checkpoint")
+    return EXIT_OK
 
 
 def _release_node(args: argparse.Namespace) -> int:

@@ -192,6 +192,21 @@ class RemediateSettings(_Group):
         default_factory=dict,
         description="Checkpoint paths as jobs declare them -> where this agent mounts them (prefix map).",
     )
+    checkpoint_reader: Literal["off", "auto", "pod"] = Field(
+        "auto",
+        description="How a job's checkpoints are listed: off, only where this agent sees the directory "
+        "(checkpoint_path_map or the same path); pod, always by a short-lived reader pod in the job's "
+        "namespace that mounts the job's checkpoint volume read only; auto, a reader pod when the directory "
+        "is not visible here. A reader pod needs checkpoint_reader_image.",
+    )
+    checkpoint_reader_image: str | None = Field(
+        None,
+        description="trainmedic's own image, which the checkpoint reader pod runs (`trainmedic checkpoints DIR "
+        "--json`); null: no reader pod.",
+    )
+    checkpoint_reader_timeout_s: float = Field(
+        120.0, gt=0, le=3600, description="How long a checkpoint reader pod may take, pulling its image included."
+    )
     wait_gone_s: float = Field(120.0, gt=0, description="How long a deleted workload may take to disappear.")
     breaker_settle_s: float = Field(
         2.0,

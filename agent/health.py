@@ -11,7 +11,8 @@ Two callers, one list of checks:
 - `trainmedic run --check` (`preflight`): every source and capability of the role with on / off
   and the reason, the Kubernetes API read once with the agent's credentials, the brokers reached
   over TCP, and the checkpoint directories the responder
-  reads (`remediate.checkpoint_path_map`): a restart from checkpoint needs them mounted. A problem
+  reads (`remediate.checkpoint_path_map`, or the checkpoint reader pod: remediations/checkpoint_reader.py):
+  a restart from checkpoint needs one or the other. A problem
   that makes the agent useless (no broker, nothing to watch, a mapped checkpoint directory that
   is not there) exits non-zero with the reason in English and Chinese.
 """
@@ -252,18 +253,43 @@ def preflight(
 
 def checkpoint_checks(settings: Settings) -> list[Check]:
     """The responder restarts jobs from the checkpoints it can read: each mapped directory must be there."""
-    mapping = settings.remediate.checkpoint_path_map
-    if not mapping:
-        return [
+    r = settings.remediate
+    mapping = r.checkpoint_path_map
+    reader = r.checkpoint_reader != "off" and bool(r.checkpoint_reader_image)
+    out = []
+    if reader:
+        out.append(
+            Check(
+                "checkpoint reader",
+                "ok",
+                f"a reader pod ({r.checkpoint_reader_image}) lists a job's checkpoints"
+                + (" where the directory is not visible here" if r.checkpoint_reader == "auto" else ""),
+                f"由读取 Pod（{r.checkpoint_reader_image}）列出作业的检查点"
+                + ("（当本容器内看不到该目录时）" if r.checkpoint_reader == "auto" else ""),
+            )
+        )
+    elif r.checkpoint_reader == "pod":
+        out.append(
+            Check(
+                "checkpoint reader",
+                "off",
+                f"remediate.checkpoint_reader is {r.checkpoint_reader} but remediate.checkpoint_reader_image is "
+                "not set: no reader pod",
+                f"remediate.checkpoint_reader 为 {r.checkpoint_reader}，"
+                "但未设置 remediate.checkpoint_reader_image：不会启动读取 Pod",
+            )
+        )
+    if not mapping and not reader:
+        out.append(
             Check(
                 "checkpoints",
                 "off",
-                "remediate.checkpoint_path_map is empty: a job is restarted from a checkpoint only when its "
-                "directory is readable here at the path the job declares",
-                "remediate.checkpoint_path_map 为空：仅当作业声明的检查点目录在本容器内同路径可读时，才能从检查点恢复",
+                "remediate.checkpoint_path_map is empty and no checkpoint reader pod: a job is restarted from a "
+                "checkpoint only when its directory is readable here at the path the job declares",
+                "remediate.checkpoint_path_map 为空且没有检查点读取 Pod："
+                "仅当作业声明的检查点目录在本容器内同路径可读时，才能从检查点恢复",
             )
-        ]
-    out = []
+        )
     for declared, local in sorted(mapping.items()):
         if Path(local).is_dir():
             out.append(Check(f"checkpoints {local}", "ok", f"mounted ({declared})", f"已挂载（{declared}）"))

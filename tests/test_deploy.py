@@ -396,12 +396,15 @@ def test_rbac_rule_is_least_privilege(ref: RuleRef) -> None:
     assert not any(r.startswith("secrets/") or r.startswith("serviceaccounts") for r in resources)
     if "pods/exec" in resources or "pods/attach" in resources:
         assert ref.role.kind == "Role", f"{ref.id}: exec may be granted per namespace only (a Role), never cluster-wide"
+    # The checkpoint reader's pods (remediations/checkpoint_reader.py): created and deleted per
+    # training namespace only, never cluster-wide.
+    reader = {("", "pods")} if ref.role.kind == "Role" else set()
     if "create" in verbs:
-        extra = set(ref.pairs()) - CREATE_ALLOWED
-        assert not extra, f"{ref.id}: create is only for exec and the restart's workloads, not {extra}"
+        extra = set(ref.pairs()) - CREATE_ALLOWED - reader
+        assert not extra, f"{ref.id}: create is only for exec, the restart's workloads and the reader pod, not {extra}"
     if "delete" in verbs:
-        extra = set(ref.pairs()) - DELETE_ALLOWED
-        assert not extra, f"{ref.id}: delete is only for the restart's workloads, not {extra}"
+        extra = set(ref.pairs()) - DELETE_ALLOWED - reader
+        assert not extra, f"{ref.id}: delete is only for the restart's workloads and the reader pod, not {extra}"
 
 
 Grant = tuple[str, str, str, str]  # scope ("cluster" / "namespace"), apiGroup, resource, verb

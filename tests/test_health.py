@@ -321,3 +321,31 @@ def test_check_fails_when_the_api_server_refuses_or_is_away(tmp_path: Path, serv
             httpd.server_close()
     assert check.level == "fail"
     assert ("RBAC" in check.en and "RBAC" in check.zh) if server == "forbidden" else "unreachable" in check.en
+
+
+@pytest.mark.parametrize(
+    ("mode", "image", "mapped", "expected"),
+    [
+        ("auto", "trainmedic:1", False, {"checkpoint reader": "ok"}),
+        ("pod", "trainmedic:1", False, {"checkpoint reader": "ok"}),
+        ("pod", None, False, {"checkpoint reader": "off", "checkpoints": "off"}),
+        ("auto", None, False, {"checkpoints": "off"}),
+        ("off", "trainmedic:1", False, {"checkpoints": "off"}),
+        ("auto", "trainmedic:1", True, {"checkpoint reader": "ok", "checkpoints ": "ok"}),
+    ],
+)
+def test_check_names_the_checkpoint_reader(
+    tmp_path: Path, mode: str, image: str | None, mapped: bool, expected: dict[str, str]
+) -> None:
+    from trainmedic.agent.health import checkpoint_checks
+
+    settings = _settings(tmp_path)
+    settings.remediate.checkpoint_reader = mode  # type: ignore[assignment]
+    settings.remediate.checkpoint_reader_image = image
+    if mapped:
+        (tmp_path / "ckpt").mkdir()
+        settings.remediate.checkpoint_path_map = {"/mnt/ckpt": str(tmp_path / "ckpt")}
+    checks = checkpoint_checks(settings)
+    got = {("checkpoints " if c.name.startswith("checkpoints ") else c.name): c.level for c in checks}
+    assert got == expected
+    assert all(c.en and c.zh for c in checks)

@@ -13,6 +13,7 @@ The parts:
 - `client`: `own_client` and `KubeOps`: its threads, the retrying call, reads, workloads (delete with
   a uid precondition, create that finds its own object), pods, logs, exec, finalizers, events, and
   the read-modify-write with optimistic concurrency that every write of ours goes through;
+- `pods`: `PodRunMixin`, the pods trainmedic runs itself (create, delete), inherited by KubeOps;
 - `nodes`: `NodeQuarantineMixin`, the node operations KubeOps inherits (quarantine and release,
   claims, node problems as conditions and Events), with `QuarantineResult`, `problem_condition`
   and `fault_reason`.

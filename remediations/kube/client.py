@@ -45,6 +45,7 @@ from trainmedic.remediations.kube.errors import (
     classify,
 )
 from trainmedic.remediations.kube.nodes import NodeQuarantineMixin
+from trainmedic.remediations.kube.pods import PodRunMixin
 from trainmedic.remediations.kube.resources import (
     ANN_INCIDENT,
     EVENTS,
@@ -109,7 +110,7 @@ def own_client(api: Any, pool_maxsize: int | None = None) -> Any:
     return client
 
 
-class KubeOps(NodeQuarantineMixin):
+class KubeOps(NodeQuarantineMixin, PodRunMixin):
     """Async Kubernetes operations over the official client (an `ApiClient` given by the caller).
 
     `attempts` bounds the tries of one call on temporary errors (and the re-reads after 409 on our own

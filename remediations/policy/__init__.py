@@ -19,7 +19,7 @@ checkpoint, raise its memory limit, notify), and bounds them:
   right before tainting them: `pool_claims`), so brains that share only the cluster agree on it.
 - a workload annotated `trainmedic.io/remediate: "false"` gets notifications only.
 
-`Policy.decide` is pure given the `PolicyState` (recent history, see policy_state.py): it never
+`Policy.decide` is pure given the `PolicyState` (recent history, see remediations/policy_state.py): it never
 records. The caller records every fault occurrence (whatever the mode, before deciding) with
 `Policy.observe_fault`, and what was really done with `Policy.commit` (or `commit_restart`,
 `commit_quarantine`, `commit_breaker` action by action), so escalation, budgets and the breaker
