@@ -81,6 +81,7 @@ __all__ = [
     "Checkpoint",
     "describe",
     "latest_complete",
+    "latest_of",
     "list_checkpoints",
 ]
 
@@ -197,7 +198,12 @@ def latest_complete(
     root: str | os.PathLike[str], *, max_depth: int = MAX_DEPTH, max_entries: int = MAX_ENTRIES
 ) -> Checkpoint | None:
     """The complete checkpoint with the highest step (ties: newest mtime), or None."""
-    complete = [c for c in list_checkpoints(root, max_depth=max_depth, max_entries=max_entries) if c.complete]
+    return latest_of(list_checkpoints(root, max_depth=max_depth, max_entries=max_entries))
+
+
+def latest_of(checkpoints: Iterable[Checkpoint]) -> Checkpoint | None:
+    """The complete checkpoint with the highest step (ties: newest mtime) of a listing, or None."""
+    complete = [c for c in checkpoints if c.complete]
     return max(complete, key=_sort_key) if complete else None
 
 

@@ -29,6 +29,7 @@ from trainmedic.agent.store import Incident, IncidentStatus, IncidentStore
 from trainmedic.agent.telemetry import Telemetry
 from trainmedic.events import DiagnosisEvent, Topic
 from trainmedic.ratelog import RateLimitedLog
+from trainmedic.remediations import checkpoints as ckpt
 from trainmedic.remediations.kube import KubeOps
 from trainmedic.remediations.policy import Policy
 from trainmedic.remediations.policy_state import PolicyState
@@ -99,6 +100,8 @@ class Responder(IncidentMixin, ExecuteMixin, SceneMixin, RuntimeMixin):
         self._workers: dict[str, _KeyWorker] = {}
         self._assignment: set[TopicPartition] = set()
         self._scheduled: set[str] = set()
+        # incident -> (checkpoint root, when, listing) of a reader pod (runtime.py, checkpoints_of)
+        self._reader_listings: dict[str, tuple[str, float, tuple[ckpt.Checkpoint, ...]]] = {}
         self.ready = asyncio.Event()
         # Completed incident handlings, for tests and the demo: incident id -> final status (the newest
         # `handled_max`).
@@ -239,6 +242,7 @@ class Responder(IncidentMixin, ExecuteMixin, SceneMixin, RuntimeMixin):
             "responder_scheduled": len(self._scheduled),
             "responder_handled": len(self.handled),
             "responder_offsets_open": self.tracker.open_count(),
+            "responder_reader_listings": len(self._reader_listings),
         }
 
     def report(self) -> None:

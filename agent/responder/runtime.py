@@ -27,6 +27,7 @@ from trainmedic.agent.responder.settings import _RESTARTS, _UNSAFE_NAME, Respond
 from trainmedic.agent.store import ActionRecord, ActionState, Incident, IncidentStore
 from trainmedic.events import JobRef
 from trainmedic.models import RootCause
+from trainmedic.remediations import checkpoint_reader as reader
 from trainmedic.remediations import checkpoints as ckpt
 from trainmedic.remediations import workloads as wl
 from trainmedic.remediations.actions import ACTIONS, ActionCall, Entry
@@ -41,6 +42,11 @@ from trainmedic.remediations.stacks import StackSource
 log = logging.getLogger("trainmedic.responder")
 P = ParamSpec("P")
 T = TypeVar("T")
+
+# A reader pod's listing is used again for the same incident this long (the scene, then the restart),
+# for at most this many incidents (the oldest forgotten first: `responder_reader_listings`).
+_READER_KEEP_S = 600.0
+_READER_KEEP_MAX = 256
 
 # The workload kinds tried when a diagnosis names a job without its kind (a hang found by key).
 _KINDS: tuple[tuple[str, str], ...] = (
@@ -63,6 +69,7 @@ class RuntimeMixin:
         settings: ResponderSettings
         clock: Callable[[], float]
         _policy_thread: concurrent.futures.ThreadPoolExecutor
+        _reader_listings: dict[str, tuple[str, float, tuple[ckpt.Checkpoint, ...]]]
 
         @property
         def stack_source(self) -> StackSource: ...
@@ -167,13 +174,7 @@ class RuntimeMixin:
         self, incident_id: str, live: dict[str, Any], rc: RootCause
     ) -> tuple[dict[str, Any], dict[str, Any]]:
         """The body that replaces `live`, and what went into it (checkpoint, excluded nodes, memory)."""
-        spec = wl.resume_spec(live)
-        checkpoint = None
-        if spec.checkpoint_dir:
-            local = self._map_path(spec.checkpoint_dir)
-            checkpoint = await asyncio.to_thread(ckpt.latest_complete, local)
-            if checkpoint is not None and local != spec.checkpoint_dir:
-                checkpoint = dataclasses.replace(checkpoint, path=spec.checkpoint_dir + checkpoint.path[len(local) :])
+        checkpoint = ckpt.latest_of(await self.checkpoints_of(live, incident_id))
         exclude = set(await self._bad_nodes(incident_id, rc))
         memory: dict[str, Any] = {}
         for a in self.store.get(incident_id).actions:
@@ -208,6 +209,52 @@ class RuntimeMixin:
         with contextlib.suppress(KubeError):
             nodes.update(str(n["name"]) for n in await self.kube.quarantined_nodes())
         return sorted(nodes)
+
+    async def checkpoints_of(self, workload: Mapping[str, Any], incident_id: str) -> list[ckpt.Checkpoint]:
+        """The checkpoints under the workload's declared checkpoint directory, with the paths the job
+        sees: read here (through `checkpoint_path_map`, or at the same path), or by a reader pod in
+        the job's namespace (remediations/checkpoint_reader.py) when `checkpoint_reader` says so. A
+        reader's listing is kept for the incident a while (`_READER_KEEP_S`), so the scene and the
+        restart do not start two pods; a reader that gives none is logged and noted on the incident,
+        and the job is then treated as one with no checkpoint found."""
+        root = wl.resume_spec(workload).checkpoint_dir
+        if not root:
+            return []
+        local = self._map_path(root)
+        image = self.settings.checkpoint_reader_image
+        mode = self.settings.checkpoint_reader
+        use_pod = bool(image) and (
+            mode == "pod" or (mode == "auto" and not await asyncio.to_thread(os.path.isdir, local))
+        )
+        if not use_pod or image is None:
+            found = await asyncio.to_thread(ckpt.list_checkpoints, local)
+            if local == root:
+                return found
+            return [dataclasses.replace(c, path=root + c.path[len(local) :]) for c in found]
+        now = self.clock()
+        kept = self._reader_listings.get(incident_id)
+        if kept is not None and kept[0] == root and now - kept[1] < _READER_KEEP_S:
+            return list(kept[2])
+        try:
+            found = await reader.read_checkpoints(
+                self.kube,
+                workload,
+                root,
+                image=image,
+                incident_id=incident_id,
+                timeout_s=self.settings.checkpoint_reader_timeout_s,
+            )
+        except (reader.CheckpointsUnreachable, reader.CheckpointReadError, KubeError) as exc:
+            log.warning("incident %s: the checkpoints under %s were not read: %s", incident_id, root, exc)
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(
+                    self.store.note, incident_id, "checkpoints_unread", {"root": root, "reason": str(exc)[:500]}
+                )
+            return []
+        self._reader_listings[incident_id] = (root, now, tuple(found))
+        while len(self._reader_listings) > _READER_KEEP_MAX:
+            self._reader_listings.pop(next(iter(self._reader_listings)))
+        return found
 
     def _map_path(self, path: str) -> str:
         for prefix, local in sorted(self.settings.checkpoint_path_map.items(), key=lambda kv: -len(kv[0])):

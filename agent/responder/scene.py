@@ -18,7 +18,6 @@ from trainmedic.agent.store import Incident, IncidentStore
 from trainmedic.events import DiagnosisEvent, JobRef
 from trainmedic.models import RootCause
 from trainmedic.remediations import checkpoints as ckpt
-from trainmedic.remediations import workloads as wl
 from trainmedic.remediations.kube import KubeError, KubeOps
 from trainmedic.remediations.scene import SceneInputs, SceneSettings, save_scene
 from trainmedic.remediations.stacks import ExecResult, StackSource, exec_in_pod
@@ -46,7 +45,7 @@ class SceneMixin:
 
         async def _pods(self, job: JobRef, workload: Mapping[str, Any] | None) -> list[dict[str, Any]]: ...
 
-        def _map_path(self, path: str) -> str: ...
+        async def checkpoints_of(self, workload: Mapping[str, Any], incident_id: str) -> list[ckpt.Checkpoint]: ...
 
     # -- scene ------------------------------------------------------------------------------------------
 
@@ -69,10 +68,7 @@ class SceneMixin:
                     nodes.append(obj)
         listing: list[dict[str, Any]] = []
         if workload is not None:
-            spec = wl.resume_spec(workload)
-            if spec.checkpoint_dir:
-                found = await asyncio.to_thread(ckpt.list_checkpoints, self._map_path(spec.checkpoint_dir))
-                listing = ckpt.describe(found)
+            listing = ckpt.describe(await self.checkpoints_of(workload, incident.id))
         kernel = {n: list(self.kernel_tail.get(n, ())) for n in node_names}
         inputs = SceneInputs(
             incident_id=incident.id,

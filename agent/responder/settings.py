@@ -36,6 +36,12 @@ class ResponderSettings:
     metrics_step_s: float = 15.0
     # Checkpoint paths as the job declares them -> as this agent sees them (shared volume mounts).
     checkpoint_path_map: dict[str, str] = field(default_factory=dict)
+    # How checkpoints are listed: "off" only here; "pod" by a reader pod (remediations/
+    # checkpoint_reader.py, trainmedic's image `checkpoint_reader_image`); "auto" a reader pod when
+    # the directory is not visible here. No image: never a reader pod.
+    checkpoint_reader: str = "auto"
+    checkpoint_reader_image: str | None = None
+    checkpoint_reader_timeout_s: float = 120.0
     wait_gone_s: float = 120.0
     # Where the full replacement body of a restart waits between the delete and the create (env
     # values included): the agent's own state directory, mode 0600, never the incident store (served

@@ -220,3 +220,29 @@ async def test_the_cluster_role_watches_everything_it_needs(plane: KubePlane) ->
         with contextlib.suppress(asyncio.CancelledError):
             await task
         api.close()
+
+
+async def test_the_checkpoint_reader_pod_is_valid_allowed_and_always_deleted(plane: KubePlane, brain: KubeOps) -> None:
+    """The reader pod as the brain builds it from a job's template passes the real API server's
+    validation and the shipped Role; a reader that never finishes (here: its claim does not exist,
+    so it is never scheduled) ends in CheckpointReadError and the pod is deleted all the same."""
+    from trainmedic.remediations import checkpoint_reader as cr
+
+    body = job_body("reader", pods=1, ckpt=None)
+    body["metadata"]["annotations"]["trainmedic.io/checkpoint-dir"] = "/mnt/ckpt/reader"
+    spec = body["spec"]["template"]["spec"]
+    spec["securityContext"] = {"runAsUser": 1000, "runAsGroup": 1000, "fsGroup": 1000}
+    spec["volumes"] = [{"name": "ckpt", "persistentVolumeClaim": {"claimName": "no-such-claim"}}]
+    spec["containers"][0]["volumeMounts"] = [{"name": "ckpt", "mountPath": "/mnt/ckpt"}]
+    with pytest.raises(cr.CheckpointReadError, match="did not finish"):
+        await cr.read_checkpoints(
+            brain, body, "/mnt/ckpt/reader", image="trainmedic:0", incident_id="inc-reader", timeout_s=3, poll_s=0.5
+        )
+    left = plane.request("GET", f"/api/v1/namespaces/{TRAINING}/pods?labelSelector={cr.READER_LABEL}%3Dtrue")
+    assert [p for p in left["items"] if not p["metadata"].get("deletionTimestamp")] == []
+    # ... and nowhere but in a training namespace
+    body["metadata"]["namespace"] = "default"
+    with pytest.raises(KubeForbidden):
+        await cr.read_checkpoints(
+            brain, body, "/mnt/ckpt/reader", image="trainmedic:0", incident_id="inc-x", timeout_s=1
+        )

@@ -93,6 +93,12 @@ class FakeKube:
     # Where the agent dies once: before_delete, after_delete, before_create, after_create.
     crash_at: str | None = None
     api: Any = None
+    # Pods trainmedic runs itself (the checkpoint reader) by name, and what a reader prints given its
+    # pod body: (log, exit code); None: such a pod never starts (it stays Pending).
+    run_pods: dict[str, dict[str, Any]] = field(default_factory=dict)
+    reader: Callable[[dict[str, Any]], tuple[str, int]] | None = None
+    pods_created: list[dict[str, Any]] = field(default_factory=list)
+    pods_deleted: list[str] = field(default_factory=list)
     _gen: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
     async def _rtt(self) -> None:
@@ -224,8 +230,36 @@ class FakeKube:
             and all(p["metadata"].get("labels", {}).get(k) == v for k, v in selector.items())
         ]
 
-    async def pod_log(self, *args: Any, **kwargs: Any) -> str:
-        return ""
+    async def pod_log(self, namespace: str, pod: str, *args: Any, **kwargs: Any) -> str:
+        run = self.run_pods.get(pod)
+        return str(run.get("log", "")) if run else ""
+
+    async def create_pod(self, namespace: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        await self._rtt()
+        obj = copy.deepcopy(dict(body))
+        self.pods_created.append(copy.deepcopy(obj))
+        status: dict[str, Any] = {"phase": "Pending"}
+        log = ""
+        if self.reader is not None:
+            log, code = self.reader(obj)
+            term = {"exitCode": code, "reason": "Completed" if code == 0 else "Error"}
+            status = {
+                "phase": "Succeeded" if code == 0 else "Failed",
+                "containerStatuses": [{"name": "reader", "state": {"terminated": term}}],
+            }
+        obj["status"] = status
+        self.run_pods[obj["metadata"]["name"]] = {"pod": obj, "log": log}
+        return obj
+
+    async def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        await self._rtt()
+        run = self.run_pods.get(name)
+        return copy.deepcopy(run["pod"]) if run else None
+
+    async def delete_pod(self, namespace: str, name: str) -> bool:
+        await self._rtt()
+        self.pods_deleted.append(name)
+        return self.run_pods.pop(name, None) is not None
 
     async def list_events(self, namespace: str, *, involved: Any = None) -> list[dict[str, Any]]:
         await self._rtt()

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_checkpoints import hf_checkpoint
 
-from tests.remediations.test_checkpoints import hf_checkpoint
 from trainmedic.agent.cli import main
 from trainmedic.remediations import checkpoint_reader as cr
 from trainmedic.remediations.checkpoints import list_checkpoints
@@ -52,7 +52,12 @@ def test_the_pod_mounts_the_volume_holding_the_root_read_only_as_the_job_does() 
             {"name": "ckpt", "mountPath": "/mnt/ckpt/", "subPath": "runs"},
             {"name": "shm", "mountPath": "/dev/shm"},
         ],
-        securityContext={"runAsUser": 1000, "runAsGroup": 1000, "fsGroup": 2000, "sysctls": [{"name": "x", "value": "1"}]},
+        securityContext={
+            "runAsUser": 1000,
+            "runAsGroup": 1000,
+            "fsGroup": 2000,
+            "sysctls": [{"name": "x", "value": "1"}],
+        },
     )
     pod = cr.reader_pod(job, ROOT, image="trainmedic:9", incident_id="INC-2026-abc_1", timeout_s=90)
     spec = pod["spec"]
@@ -61,9 +66,13 @@ def test_the_pod_mounts_the_volume_holding_the_root_read_only_as_the_job_does() 
     assert len(pod["metadata"]["name"]) <= 63
     assert pod["metadata"]["labels"][cr.READER_LABEL] == "true"
     assert pod["metadata"]["annotations"]["trainmedic.io/incident"] == "INC-2026-abc_1"
-    assert spec["volumes"] == [{"name": "ckpt", "persistentVolumeClaim": {"claimName": "team-a-ckpt", "readOnly": True}}]
+    assert spec["volumes"] == [
+        {"name": "ckpt", "persistentVolumeClaim": {"claimName": "team-a-ckpt", "readOnly": True}}
+    ]
     (container,) = spec["containers"]
-    assert container["volumeMounts"] == [{"name": "ckpt", "mountPath": "/mnt/ckpt/", "readOnly": True, "subPath": "runs"}]
+    assert container["volumeMounts"] == [
+        {"name": "ckpt", "mountPath": "/mnt/ckpt/", "readOnly": True, "subPath": "runs"}
+    ]
     assert container["command"] == ["trainmedic", "checkpoints", ROOT, "--json"]
     assert container["image"] == "trainmedic:9"
     assert container["securityContext"] == {
@@ -131,7 +140,9 @@ def test_the_cli_listing_reads_back_as_the_local_listing(tmp_path: Path, capsys:
     assert [c.complete for c in cr.parse_listing(log, str(root))] == [True, False]
 
 
-def test_the_cli_says_which_checkpoint_a_restart_resumes_from(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_cli_says_which_checkpoint_a_restart_resumes_from(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     root = _tree(tmp_path)
     assert main(["checkpoints", str(root)]) == 0
     lines = capsys.readouterr().out.splitlines()
