@@ -118,15 +118,17 @@ def _pod_specs(workload: dict[str, Any]) -> list[dict[str, Any]]:
     return [t["template"]["spec"] for t in workload["spec"]["tasks"]]
 
 
-def _last_complete(scene: Path, mount: str, shared: Path) -> tuple[str | None, list[dict[str, Any]]]:
-    """The last complete checkpoint the scene listed, as the job names it (and the whole listing)."""
+def _last_complete(scene: Path, mount: str) -> tuple[str | None, list[dict[str, Any]]]:
+    """The last complete checkpoint the scene listed (and the whole listing): the scene names each
+    candidate as the job does (under `mount`), not as the agent's mount of the shared volume."""
     listing = json.loads((scene / "checkpoints.json").read_text())
     entries = listing["checkpoints"] if isinstance(listing, dict) else listing
+    assert all(c["path"].startswith(mount + "/") for c in entries), entries
     done = [c for c in entries if c["complete"]]
     if not done:
         return None, entries
     best = max(done, key=lambda c: c["step"])
-    return mount + best["path"][len(str(shared)) :], entries
+    return str(best["path"]), entries
 
 
 @pytest.mark.parametrize("fault", ["xid", "oom", "hccl", "hang", "node-lost", "app-error"])
@@ -192,7 +194,7 @@ async def test_demo_fault_end_to_end(fault: str, tmp_path: Path) -> None:
         return
     # Restarted: from the last complete checkpoint, the bad node excluded, training again elsewhere.
     mount = "/mnt/ckpt"
-    expected, listing = _last_complete(scene, mount, tmp_path / fault / "shared-volume")
+    expected, listing = _last_complete(scene, mount)
     assert expected is not None and doc["checkpoint"] == expected
     if fault == "xid":
         assert any(not c["complete"] and c["step"] > int(expected.rsplit("-", 1)[1]) for c in listing), (
