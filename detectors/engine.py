@@ -19,44 +19,78 @@ How a chunk of input is classified (both paths share every step but the prefilte
 
 The two prefilters only decide which lines are looked at; the confirm step is the only judge. The
 test suite checks fast == re == a naive line-by-line reference on random input.
+
+Where each part lives:
+
+    engine.py     Engine: the chunk pipeline (steps 1 to 4), the continued records and the hard wraps
+                  (with detectors/views.py), the confirm step, the finding's class and phase
+    prefilter.py  step 2: the Hyperscan prefilter and the anchor prefilter of the `re` path
+    lines.py      step 1 (normalize), where a streamed chunk may be cut, prefilter hits grouped by
+                  line, the lines of a chunk by index
+    findings.py   a confirmed match made into a finding (build_finding), the traceback around it read,
+                  a JSON line's decoded text, step 4 (the fold)
+
+This module re-exports what other modules and the tests import from `trainmedic.detectors.engine`.
 """
 
 from __future__ import annotations
 
 import functools
 import itertools
-import json
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any, BinaryIO
 
 import numpy as np
 
-from trainmedic import cache, hsdb
+from trainmedic import hsdb
 from trainmedic.detectors import views
-from trainmedic.detectors.anchors import MIN_ANCHOR_LEN, Anchor, anchor_options
-from trainmedic.detectors.localize import localize
+from trainmedic.detectors.findings import (
+    MAX_JSON_LINE,
+    MAX_TEXT,
+    _add_user_frame,
+    _fold,
+    _ignored_exception,
+    _json_text,
+    build_finding,
+)
+from trainmedic.detectors.lines import ANSI_RE, _by_line, _Lines, _record_boundary, _utf8_prefix, _valid_utf8, normalize
 from trainmedic.detectors.phase import MAX_LINE as MAX_MARKER_LINE
 from trainmedic.detectors.phase import PHASE_SENSITIVE, PhaseMarkers, load_phase_markers
+from trainmedic.detectors.prefilter import _AnchorPrefilter, _Bigrams, _Choices, _HyperscanPrefilter, _Prefilter
 from trainmedic.detectors.schema import Rule
-from trainmedic.models import FaultClass, Finding, I18nText, Source
+from trainmedic.models import FaultClass, Finding, Source
+
+# What other modules and the tests import from here, the prefilters' and the line helpers' private
+# names included.
+__all__ = [
+    "ANSI_RE",
+    "CHUNK_BYTES",
+    "HYPERSCAN_AVAILABLE",
+    "MAX_JSON_LINE",
+    "MAX_RECORD_BYTES",
+    "MAX_TEXT",
+    "MEMO_SIZE",
+    "Engine",
+    "_AnchorPrefilter",
+    "_Bigrams",
+    "_Choices",
+    "_HyperscanPrefilter",
+    "_utf8_prefix",
+    "_valid_utf8",
+    "build_finding",
+    "has_hyperscan",
+    "normalize",
+]
 
 _hs = hsdb.hs
 
 HYPERSCAN_AVAILABLE = _hs is not None
 
-# CSI (colours, cursor), OSC (titles, hyperlinks) and two-byte escapes; never across a newline.
-ANSI_RE = re.compile(rb"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b\n]*(?:\x07|\x1b\\)|[@-Z\\-_])")
-MAX_TEXT = 2000  # characters of a line kept in a finding
 MAX_RECORD_BYTES = 64 << 20  # a record longer than this is classified in pieces
-MAX_JSON_LINE = 1 << 20  # JSON lines longer than this are matched raw only
 CHUNK_BYTES = 8 << 20  # streamed input is classified in chunks of about this size
 MEMO_SIZE = 4096  # distinct candidate lines whose confirm result is remembered per chunk
-_NAMED_GROUP = re.compile(r"\(\?P<[A-Za-z_][A-Za-z0-9_]*>")
-_WIDE_REPEAT = re.compile(r"(?<!\\)\{(\d+),(?:1[7-9]|[2-9]\d|\d{3,})\}")
-_TRAILING_ANY = re.compile(r"(?:\.[*+]\??)+\$?$")
 
 
 class _LazyRegex:
@@ -439,589 +473,3 @@ class Engine:
             else:
                 display = raw
         return build_finding(rule, match, display, line_no, file)
-
-
-def build_finding(rule: Rule, match: re.Match[str], text: str, line_no: int | None, file: str | None) -> Finding:
-    groups = {k: v for k, v in match.groupdict().items() if v is not None}
-    values: dict[str, str] = {**rule.defaults, **groups}
-    code = _fill(rule.code, values)
-    values["code"] = code
-    loc = localize(text, groups)
-    ts = _timestamp(groups.get("ts"))
-    return Finding(
-        rule_id=rule.id,
-        fault_class=rule.fault_class,
-        chip=rule.chip,
-        code=code,
-        source=rule.source[0],
-        severity=rule.severity,
-        line_no=line_no,
-        last_line_no=line_no,
-        text=_clip(text, match.start(), match.end()),
-        file=file,
-        node=loc.node,
-        device=loc.device,
-        rank=loc.rank,
-        timestamp=ts,
-        action=rule.action,
-        vendor_action=rule.vendor_action,
-        message=rule.message.model_copy(
-            update={"en": _fill(rule.message.en, values), "zh": _fill(rule.message.zh, values)}
-        ),
-        hint=rule.hint.model_copy(update={"en": _fill(rule.hint.en, values), "zh": _fill(rule.hint.zh, values)}),
-        groups=groups,
-        priority=rule.priority,
-    )
-
-
-_FRAME = re.compile(rb'File "(?P<file>[^"]{1,300})", line (?P<line>\d{1,7}), in (?P<func>[\w<>.]{1,100})')
-_LIBRARY = re.compile(rb"/(?:site|dist)-packages/|/lib/python\d[\d.]*/|^<frozen ")
-FRAME_LOOKBACK = 60
-
-
-_TRACEBACK_HEAD = re.compile(rb"Traceback \(most recent call last\):")
-_IGNORED_HEAD = re.compile(rb"\bException ignored in\b")
-
-
-def _ignored_exception(lines: _Lines, idx: int) -> bool:
-    """Whether the exception printed at line `idx` closes a traceback that Python's unraisable hook
-    printed (sys.unraisablehook: "Exception ignored in: <object>", then the traceback): an exception
-    raised in a destructor or a finalizer, reported and ignored; the program carried on. An exception
-    whose outermost frame is a `__del__` is one even when the header was cut off: Python cannot
-    propagate it out of a destructor."""
-    for j in range(idx - 1, max(idx - FRAME_LOOKBACK, 0) - 1, -1):
-        line = lines.get(j)[:1024]
-        if _TRACEBACK_HEAD.search(line) is None:
-            continue
-        # The hook's header is the line before the traceback (or, with output of several processes
-        # interleaved, one of the few before it).
-        if any(_IGNORED_HEAD.search(lines.get(k)[:1024]) for k in range(max(j - 2, 0), j + 1)):
-            return True
-        for k in range(j + 1, idx):
-            frame = _FRAME.search(lines.get(k)[:1024])
-            if frame is not None:
-                return frame.group("func") == b"__del__"
-        return False
-    return False
-
-
-def _add_user_frame(f: Finding, lines: _Lines, idx: int) -> None:
-    """Append "raised at FILE:LINE in FUNC" for the innermost traceback frame above line `idx` that is
-    the user's code (not an installed library), or the innermost frame when all are libraries."""
-    innermost: re.Match[bytes] | None = None
-    for j in range(idx - 1, max(idx - FRAME_LOOKBACK, 0) - 1, -1):
-        m = _FRAME.search(lines.get(j)[:1024])
-        if m is None:
-            continue
-        innermost = innermost or m
-        if not _LIBRARY.search(m.group("file")):
-            innermost = m
-            break
-    if innermost is None or f.message is None:
-        return
-    where = f"{innermost.group('file').decode('utf-8', 'replace')}:{int(innermost.group('line'))}"
-    func = innermost.group("func").decode("utf-8", "replace")
-    f.groups["frame"] = f"{where} in {func}"
-    f.message = I18nText(
-        en=f"{f.message.en.rstrip('.')} (raised at {where} in {func})",
-        zh=f"{f.message.zh.rstrip('。')}（抛出位置：{where}，函数 {func}）",
-    )
-
-
-_TS_FORMATS = ("%Y-%m-%d_%H:%M:%S", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M:%S")
-
-
-def _timestamp(value: str | None) -> float | None:
-    """A rule's `ts` group as epoch seconds (UTC assumed: only compared within one job's logs)."""
-    if not value:
-        return None
-    for fmt in _TS_FORMATS:
-        try:
-            return datetime.strptime(value[:19], fmt).replace(tzinfo=UTC).timestamp()
-        except ValueError:
-            continue
-    return None
-
-
-class _SafeDict(dict[str, str]):
-    def __missing__(self, key: str) -> str:
-        return "?"
-
-
-def _fill(template: str, values: dict[str, str]) -> str:
-    try:
-        return template.format_map(_SafeDict(values))
-    except (ValueError, IndexError, AttributeError):
-        return template
-
-
-def _clip(text: str, start: int, end: int) -> str:
-    if len(text) <= MAX_TEXT:
-        return text
-    half = (MAX_TEXT - (end - start)) // 2
-    lo = max(0, start - max(half, 0))
-    return ("…" if lo else "") + text[lo : lo + MAX_TEXT] + ("…" if lo + MAX_TEXT < len(text) else "")
-
-
-def _json_text(line: str) -> str | None:
-    """Decoded string values of a JSON line (docker `log`, torch elastic `message`), else None."""
-    s = line.lstrip()
-    if not s.startswith("{") or len(s) > MAX_JSON_LINE:
-        return None
-    try:
-        obj = json.loads(s)
-    except (ValueError, RecursionError):
-        return None
-    parts: list[str] = []
-    _strings(obj, parts, 0)
-    return "\n".join(parts) if parts else None
-
-
-def _strings(obj: Any, out: list[str], depth: int) -> None:
-    if depth > 8:
-        return
-    if isinstance(obj, str):
-        out.append(obj)
-    elif isinstance(obj, dict):
-        for v in obj.values():
-            _strings(v, out, depth + 1)
-    elif isinstance(obj, list):
-        for v in obj:
-            _strings(v, out, depth + 1)
-
-
-def _fold(findings: list[Finding]) -> list[Finding]:
-    """One finding per (rule, code, file, node, device, rank), with a count and the last line seen."""
-    folded: dict[tuple[object, ...], Finding] = {}
-    for f in findings:
-        key = (f.rule_id, f.code, f.file, f.node, f.device, f.rank)
-        first = folded.get(key)
-        if first is None:
-            folded[key] = f
-        else:
-            first.count += f.count
-            first.last_line_no = f.last_line_no
-    return list(folded.values())
-
-
-# -- normalisation and line bookkeeping ---------------------------------------------------------------
-
-
-def normalize(data: bytes) -> bytes:
-    """ANSI codes removed; valid UTF-8 (invalid bytes replaced) so bytes and text views agree."""
-    if b"\x1b" in data:
-        data = ANSI_RE.sub(b"", data)
-    if not data.isascii() and not _valid_utf8(data):
-        data = data.decode("utf-8", "replace").encode("utf-8")
-    return data
-
-
-def _valid_utf8(data: bytes) -> bool:
-    """Whether `data` is valid UTF-8, decoding only its non-ASCII bytes.
-
-    A multi-byte character is made of bytes >= 0x80 only, so the text is valid exactly when every
-    maximal run of such bytes is: the runs, each ended by a newline, are decoded together."""
-    arr = np.frombuffer(data, dtype=np.int8)
-    high = np.flatnonzero(arr < 0)
-    if len(high) * 4 > len(data):
-        runs = data  # mostly non-ASCII: gathering saves nothing
-    else:
-        gaps = np.flatnonzero(np.diff(high) > 1) + 1
-        runs = np.insert(arr[high], gaps, 10).tobytes() if len(gaps) else arr[high].tobytes()
-    try:
-        runs.decode("utf-8")
-    except UnicodeDecodeError:
-        return False
-    return True
-
-
-def _utf8_prefix(line: bytes, limit: int) -> bytes:
-    """At most `limit` bytes of valid UTF-8 `line`, never ending inside a character."""
-    if len(line) <= limit:
-        return line
-    cut = limit
-    while cut > 0 and line[cut] & 0xC0 == 0x80:  # the byte at the cut continues a character
-        cut -= 1
-    return line[:cut]
-
-
-def _record_boundary(data: bytes) -> int:
-    """Offset just after the last newline that starts a new (non-indented) record, or -1."""
-    pos = len(data)
-    for _ in range(64):
-        nl = data.rfind(b"\n", 0, pos)
-        if nl < 0:
-            return -1
-        nxt = data[nl + 1 : nl + 2]
-        if nxt and nxt not in (b" ", b"\t"):
-            return nl + 1
-        pos = nl
-    return data.rfind(b"\n") + 1
-
-
-def _by_line(hits: tuple[list[int], list[int]], nl: np.ndarray[Any, Any]) -> dict[int, set[int]]:
-    """Prefilter hits (pattern ids, end offsets) grouped by the line each match ends on."""
-    pids, ends = hits
-    out: dict[int, set[int]] = {}
-    if not pids:
-        return out
-    idxs = np.searchsorted(nl, np.asarray(ends, dtype=np.int64) - 1, side="left").tolist()
-    for pid, idx in zip(pids, idxs, strict=True):
-        bucket = out.get(idx)
-        if bucket is None:
-            out[idx] = {pid}
-        else:
-            bucket.add(pid)
-    return out
-
-
-class _Lines:
-    """Random access to the lines of a chunk by index, via the newline offsets."""
-
-    def __init__(self, body: bytes, nl: np.ndarray[Any, Any]) -> None:
-        self.body = body
-        self.nl = nl
-
-    def bounds(self, idx: int) -> tuple[int, int]:
-        start = int(self.nl[idx - 1]) + 1 if idx > 0 else 0
-        end = int(self.nl[idx]) if idx < len(self.nl) else len(self.body)
-        return start, end
-
-    def bounds_many(self, idxs: list[int]) -> tuple[list[int], list[int]]:
-        """Start and end offsets of many lines at once."""
-        if not idxs:
-            return [], []
-        ix = np.asarray(idxs, dtype=np.int64)
-        padded = np.concatenate((self.nl, [len(self.body)]))
-        ends = padded[ix]
-        starts = np.where(ix > 0, padded[np.maximum(ix - 1, 0)] + 1, 0)
-        return starts.tolist(), ends.tolist()
-
-    def get(self, idx: int) -> bytes:
-        start, end = self.bounds(idx)
-        return self.body[start:end]
-
-    def record(self, idx: int, extra: int) -> bytes:
-        """Line `idx` plus up to `extra` following indented lines, joined by single spaces."""
-        parts = [self.get(idx).rstrip(b"\r")]
-        n = len(self.nl) + 1
-        for j in range(idx + 1, min(idx + 1 + extra, n)):
-            line = self.get(j)
-            if line[:1] not in (b" ", b"\t"):
-                break
-            parts.append(line.strip())
-        return b" ".join(parts)
-
-
-# -- prefilters ----------------------------------------------------------------------------------------
-
-
-class _Prefilter:
-    def scan(self, data: bytes) -> tuple[list[int], list[int]]:
-        """Pattern ids and match end offsets: a superset of the lines where each pattern matches."""
-        raise NotImplementedError
-
-
-def _crlf_ends(pattern: str) -> str:
-    """`pattern` with each end-of-line anchor `$` (not escaped, not in a class) allowing a carriage
-    return before it, for the prefilters: the confirm step matches a line with its CR removed, so a
-    CRLF line ends there, while a multi-line `$` (Hyperscan's, re's over a chunk) only matches before
-    the LF and would miss the line."""
-    out: list[str] = []
-    i, in_class = 0, False
-    while i < len(pattern):
-        c = pattern[i]
-        if c == "\\":
-            out.append(pattern[i : i + 2])
-            i += 2
-            continue
-        if in_class:
-            if c == "]" and not (out and out[-1] in ("[", "[^")):
-                in_class = False
-        elif c == "[":
-            in_class = True
-            if pattern.startswith("[^", i):
-                out.append("[^")
-                i += 2
-                continue
-        elif c == "$":
-            out.append("\\r?$")
-            i += 1
-            continue
-        out.append(c)
-        i += 1
-    return "".join(out)
-
-
-def _chunk_regex(pattern: str) -> re.Pattern[bytes]:
-    """`pattern` as a prefilter regex over a whole chunk (bytes, multi-line, CRLF-tolerant ends)."""
-    return re.compile(_crlf_ends(pattern).encode("utf-8"), re.ASCII | re.MULTILINE)
-
-
-def _hs_expression(pattern: str) -> bytes:
-    expr = _NAMED_GROUP.sub("(?:", _crlf_ends(pattern))
-    # Wide bounded repeats (`[^\n]{0,200}`) cost Hyperscan seconds to compile; unbounded ones
-    # match a superset, which is all a prefilter needs.
-    expr = _WIDE_REPEAT.sub(lambda m: "{" + m.group(1) + ",}", expr)
-    # A trailing `.*` changes nothing about whether a line matches, only how many end offsets
-    # Hyperscan reports: drop it so a long matching line costs one callback, not hundreds.
-    expr = _TRAILING_ANY.sub("", expr) or expr
-    return expr.encode("utf-8")
-
-
-class _HyperscanPrefilter(_Prefilter):
-    def __init__(self, pats: list[tuple[int, str]]) -> None:
-        assert _hs is not None
-        self.fallback: list[tuple[int, re.Pattern[bytes]]] = []
-        base = _hs.HS_FLAG_PREFILTER | _hs.HS_FLAG_MULTILINE | _hs.HS_FLAG_UTF8 | _hs.HS_FLAG_ALLOWEMPTY
-        compiled = [(pid, pattern, _hs_expression(pattern)) for pid, pattern in pats]
-        self.db = None
-        if not compiled:
-            return
-        # Compiling takes most of a fresh process's start: the database is kept in the on-disk
-        # cache (trainmedic/cache.py), keyed by the expressions, their ids and the flags.
-        key = cache.make_key("hyperscan", [str(base), *(b"%d\0%s" % (pid, expr) for pid, _, expr in compiled)])
-        if self._from_cache(key, pats):
-            return
-        try:
-            self.db = self._compile(compiled, base)
-        except _hs.error:
-            # Some pattern is not expressible even as a prefilter: find which, scan those with re.
-            good = []
-            for item in compiled:
-                try:
-                    self._compile([item], base)
-                    good.append(item)
-                except _hs.error:
-                    pid, pattern, _ = item
-                    self.fallback.append((pid, _chunk_regex(pattern)))
-            self.db = self._compile(good, base) if good else None
-        if cache.cache_dir() is not None:
-            blob = hsdb.dump(self.db) if self.db is not None else None
-            cache.store("hyperscan", key, (blob, [pid for pid, _ in self.fallback]))
-
-    def _from_cache(self, key: str, pats: list[tuple[int, str]]) -> bool:
-        assert _hs is not None
-        entry: Any = cache.load("hyperscan", key)
-        try:
-            blob, fallback_ids = entry
-            # A database this CPU or this hyperscan cannot scan is refused: compile afresh.
-            db = hsdb.load_block(blob) if blob is not None else None
-            by_id = dict(pats)
-            fallback = [(pid, _chunk_regex(by_id[pid])) for pid in fallback_ids]
-        except Exception:  # noqa: BLE001 - no entry, or one this hyperscan cannot load: compile afresh
-            return False
-        self.db, self.fallback = db, fallback
-        return True
-
-    @staticmethod
-    def _compile(items: list[tuple[int, str, bytes]], flags: int) -> Any:
-        return hsdb.compile_block([e for _, _, e in items], [i for i, _, _ in items], [flags] * len(items))
-
-    def scan(self, data: bytes) -> tuple[list[int], list[int]]:
-        pids: list[int] = []
-        ends: list[int] = []
-        if self.db is not None and data:
-            add_pid, add_end = pids.append, ends.append
-
-            def on_match(pid: int, _start: int, end: int, _flags: int, _ctx: object) -> None:
-                add_pid(pid)
-                add_end(end)
-
-            self.db.scan(data, match_event_handler=on_match)
-        _regex_scan(self.fallback, data, pids, ends)
-        return pids, ends
-
-
-class _AnchorPrefilter(_Prefilter):
-    # Characters that re's IGNORECASE folds onto ASCII letters (İ ı ſ K): with these in a chunk,
-    # lower-cased literal search is not safe, so case-insensitive patterns fall back to re.
-    _FOLDS = (b"\xc4\xb0", b"\xc4\xb1", b"\xc5\xbf", b"\xe2\x84\xaa")
-
-    # Chunks at least this large pick each pattern's anchor set by the chunk's own byte pairs (see
-    # _Choices); smaller ones (a live batch of a few lines) keep the static first choice, which costs
-    # nothing to pick.
-    CHOOSE_MIN_BYTES = 256 << 10
-
-    def __init__(self, pats: list[tuple[int, _LazyRegex]]) -> None:
-        self.by_anchor: dict[Anchor, list[int]] = {}
-        self.fallback: list[tuple[int, re.Pattern[bytes]]] = []
-        self.ci_fallback: list[tuple[int, re.Pattern[bytes]]] = []
-        fixed: dict[Anchor, list[int]] = {}
-        chooser: list[tuple[int, list[frozenset[Anchor]]]] = []
-        for pid, regex in pats:
-            options = anchor_options(regex.pattern)
-            as_bytes = _chunk_regex(regex.pattern)
-            if not options:
-                self.fallback.append((pid, as_bytes))
-                continue
-            anchors = options[0]
-            for a in anchors:
-                self.by_anchor.setdefault(a, []).append(pid)
-            if any(a.ci for a in anchors):
-                self.ci_fallback.append((pid, as_bytes))
-            exact_options = [o for o in options if not any(a.ci for a in o)]
-            if len(exact_options) > 1 and exact_options[0] == anchors:
-                chooser.append((pid, exact_options))
-            else:
-                for a in anchors:
-                    fixed.setdefault(a, []).append(pid)
-        self._choices = _Choices(fixed, chooser) if chooser else None
-
-    def scan(self, data: bytes) -> tuple[list[int], list[int]]:
-        pids: list[int] = []
-        ends: list[int] = []
-        unsafe_ci = bool(self.ci_fallback) and not data.isascii() and any(f in data for f in self._FOLDS)
-        ci_fallback_ids = {pid for pid, _ in self.ci_fallback} if unsafe_ci else set()
-        hist: _Bigrams | None = None
-        if self._choices is not None and len(data) >= self.CHOOSE_MIN_BYTES:
-            hist = _Bigrams(data)
-            exact = self._choices.pick(hist.counts)
-        else:
-            exact = [(a, p) for a, p in self.by_anchor.items() if not a.ci]
-        folded = [(a, p) for a, p in self.by_anchor.items() if a.ci and not unsafe_ci]
-        _find_literals(data, exact, ci_fallback_ids, pids, ends, hist)
-        if folded:
-            _find_literals(data.lower(), folded, ci_fallback_ids, pids, ends)
-        _regex_scan(self.fallback + (self.ci_fallback if unsafe_ci else []), data, pids, ends)
-        return pids, ends
-
-
-class _Bigrams:
-    """A chunk as bytes, its byte pairs and their histogram: computed once per chunk."""
-
-    __slots__ = ("arr", "big", "counts")
-
-    def __init__(self, hay: bytes) -> None:
-        self.arr = np.frombuffer(hay, dtype=np.uint8)
-        self.big = (self.arr[:-1].astype(np.uint16) << 8) | self.arr[1:]
-        self.counts = np.bincount(self.big, minlength=65536)
-
-
-class _Choices:
-    """Per chunk, each pattern's cheapest anchor set among those that are each safe on its own.
-
-    A set's cost is what finding it costs in _find_literals: for each literal, the count of its
-    rarest byte pair in the chunk. Vectorised: one gather of every option's pairs, a minimum per
-    literal, a sum per option, an argmin per pattern. Ties keep the static first choice."""
-
-    def __init__(self, fixed: dict[Anchor, list[int]], chooser: list[tuple[int, list[frozenset[Anchor]]]]) -> None:
-        self.fixed = fixed
-        self.pids = [pid for pid, _ in chooser]
-        self.options = [[sorted(o, key=lambda a: a.literal) for o in opts] for _, opts in chooser]
-        width = max(len(opts) for opts in self.options)
-        pairs: list[int] = []
-        lit_starts: list[int] = []
-        opt_starts: list[int] = []
-        cells: list[int] = []
-        for row, opts in enumerate(self.options):
-            for col, option in enumerate(opts):
-                opt_starts.append(len(lit_starts))
-                cells.append(row * width + col)
-                for anchor in option:
-                    lit = anchor.literal
-                    lit_starts.append(len(pairs))
-                    pairs.extend((lit[i] << 8) | lit[i + 1] for i in range(len(lit) - 1))
-        self.width = width
-        self.pairs = np.array(pairs, dtype=np.intp)
-        self.lit_starts = np.array(lit_starts, dtype=np.intp)
-        self.opt_starts = np.array(opt_starts, dtype=np.intp)
-        self.cells = np.array(cells, dtype=np.intp)
-        self._last: tuple[bytes, list[tuple[Anchor, list[int]]]] | None = None
-
-    def pick(self, counts: np.ndarray) -> list[tuple[Anchor, list[int]]]:
-        per_literal = np.minimum.reduceat(counts[self.pairs], self.lit_starts)
-        per_option = np.add.reduceat(per_literal, self.opt_starts)
-        grid = np.full(len(self.options) * self.width, np.iinfo(np.int64).max, dtype=np.int64)
-        grid[self.cells] = per_option
-        choice = grid.reshape(len(self.options), self.width).argmin(axis=1)
-        key = choice.astype(np.uint8).tobytes()
-        if self._last is not None and self._last[0] == key:
-            return self._last[1]
-        by_anchor = {a: list(p) for a, p in self.fixed.items()}
-        for pid, opts, col in zip(self.pids, self.options, choice.tolist(), strict=True):
-            for anchor in opts[col]:
-                by_anchor.setdefault(anchor, []).append(pid)
-        picked = list(by_anchor.items())
-        self._last = (key, picked)
-        return picked
-
-
-def _find_literals(
-    hay: bytes,
-    anchors: list[tuple[Anchor, list[int]]],
-    skip: set[int],
-    pids: list[int],
-    ends: list[int],
-    hist: _Bigrams | None = None,
-) -> None:
-    """Every occurrence of every anchor literal in `hay`, in one vectorised pass.
-
-    Each literal is looked for through its rarest byte pair in this very chunk (a bigram histogram
-    picks it): the positions of those pairs are the only places a literal can start, and they are
-    verified byte by byte with numpy. This replaces one `bytes.find` pass per literal.
-    """
-    if not anchors or len(hay) < MIN_ANCHOR_LEN:
-        return  # anchors are at least MIN_ANCHOR_LEN bytes long
-    if hist is None:
-        hist = _Bigrams(hay)
-    arr, big, counts = hist.arr, hist.big, hist.counts
-    plan: dict[int, list[tuple[int, bytes, list[int]]]] = {}
-    for anchor, anchor_pids in anchors:
-        lit = anchor.literal
-        use = [p for p in anchor_pids if p not in skip]
-        if not use:
-            continue
-        pairs = [(lit[i] << 8) | lit[i + 1] for i in range(len(lit) - 1)]
-        offset = min(range(len(pairs)), key=lambda i: int(counts[pairs[i]]))
-        if counts[pairs[offset]] == 0:
-            continue  # a pair of the literal never occurs: neither does the literal
-        plan.setdefault(pairs[offset], []).append((offset, lit, use))
-    if not plan:
-        return
-    lut = np.zeros(65536, dtype=bool)
-    lut[list(plan)] = True
-    hits = np.flatnonzero(lut[big])
-    # Group the hits by pair once (a stable sort keeps each pair's positions ascending), instead of
-    # one pass over all hits per pair: with many anchors and a few common pairs that was quadratic.
-    values = big[hits]
-    order = np.argsort(values, kind="stable")
-    sorted_values, sorted_hits = values[order], hits[order]
-    uniq, first = np.unique(sorted_values, return_index=True)
-    last = np.append(first[1:], len(sorted_values))
-    spans = dict(zip(uniq.tolist(), zip(first.tolist(), last.tolist(), strict=True), strict=True))
-    n = len(arr)
-    for pair, entries in plan.items():
-        lo, hi = spans.get(pair, (0, 0))
-        at = sorted_hits[lo:hi]
-        for offset, lit, use in entries:
-            starts = at - offset
-            starts = starts[(starts >= 0) & (starts + len(lit) <= n)]
-            for j, byte in enumerate(lit):
-                if not len(starts):
-                    break
-                starts = starts[arr[starts + j] == byte]
-            if not len(starts):
-                continue
-            found = (starts + len(lit)).tolist()
-            for pid in use:
-                pids.extend([pid] * len(found))
-                ends.extend(found)
-
-
-def _regex_scan(pats: list[tuple[int, re.Pattern[bytes]]], data: bytes, pids: list[int], ends: list[int]) -> None:
-    """Full regex scan of a chunk, for patterns no prefilter can express; appends to pids/ends."""
-    text: str | None = None
-    for pid, regex in pats:
-        if regex.pattern.isascii():
-            for m in regex.finditer(data):
-                pids.append(pid)
-                ends.append(max(m.end(), m.start() + 1))
-            continue
-        # A non-ASCII pattern means characters, not bytes: match the text, map offsets back.
-        if text is None:
-            text = data.decode("utf-8", "replace")
-        str_regex = re.compile(regex.pattern.decode("utf-8"), re.ASCII | re.MULTILINE)
-        for sm in str_regex.finditer(text):
-            pids.append(pid)
-            ends.append(len(text[: max(sm.end(), sm.start() + 1)].encode("utf-8")))
