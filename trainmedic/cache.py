@@ -54,6 +54,7 @@ _CODE_FILES = (
     "detectors/findings.py",
     "detectors/anchors.py",
     "detectors/localize.py",
+    "detectors/views.py",
     "detectors/phase.py",
     # The progress markers (detectors/progress.yaml) and their matcher's keyword database.
     "detectors/hang_schema.py",
