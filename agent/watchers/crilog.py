@@ -8,7 +8,8 @@ follow.py): the renamed file is read to its end before its successor, so no line
 across a rotation; a truncated file is read again from 0; a removed pod directory is drained and
 then forgotten. Rotated files (`.log.<timestamp>`, `.gz`) are never picked up on their own: their
 lines were read while they were the live file. The exceptions: a file rotated twice between two
-reads (the middle one is found by its inode and change time, and read whole), and a restart with a
+reads, or once more between seeing a rotation and opening the new file (the middle one is found by
+its inode and change time, and read whole), and a restart with a
 position store, where a file rotated away while the agent was down is found again by its inode and
 read from the saved offset (a gzipped one cannot be, and that loss is logged).
 

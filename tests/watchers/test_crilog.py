@@ -866,3 +866,43 @@ async def test_real_failure_logs_round_trip(env: Env, text: str) -> None:
     append(log, b"".join(split_cri(ln, part=64, stream="stderr", i=k) for k, ln in enumerate(lines)))
     await env.tailer().poll_once()
     assert await env.lines() == lines
+
+
+@pytest.mark.parametrize("catch_up", [True, False])
+def test_a_rotation_between_the_stat_and_the_open_of_the_new_file_loses_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, catch_up: bool
+) -> None:
+    """The follower sees the name point at a new file (stat), drains the old one, then opens the name:
+    if the writer rotates once more in between, the file the stat saw is renamed away before it was
+    ever opened. With catch_up (the CRI tailer's setting) it is read all the same, before the newer
+    one; without, it is lost, as documented."""
+    import trainmedic.agent.watchers.follow as follow_mod
+
+    log = tmp_path / "0.log"
+    log.write_bytes(b"a1\n")
+    follower = follow_mod.FileFollower(log, catch_up=catch_up, rotate_wait=60.0)
+    lines = [ln for seg in follower.read(0.0).segments for ln in seg.lines]
+    os.rename(log, tmp_path / "0.log.20240101-000001")
+    log.write_bytes(b"b1\nb2\n")
+    real_open = os.open
+    raced: list[str] = []
+
+    def racing_open(path: Any, flags: int, *args: Any) -> int:
+        if os.fspath(path) == str(log) and not raced:
+            raced.append("rotated again")  # the writer: 0.log -> .000002, a new 0.log
+            os.rename(log, tmp_path / "0.log.20240101-000002")
+            log.write_bytes(b"c1\n")
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(follow_mod.os, "open", racing_open)
+    for _ in range(10):
+        res = follower.read(1.0)
+        lines += [ln for seg in res.segments for ln in seg.lines]
+        if not res.more:
+            break
+    follower.close()
+    assert raced
+    if catch_up:
+        assert lines == [b"a1", b"b1", b"b2", b"c1"]
+    else:
+        assert lines == [b"a1", b"c1"]
