@@ -894,7 +894,7 @@ def test_a_rotation_between_the_stat_and_the_open_of_the_new_file_loses_nothing(
             log.write_bytes(b"c1\n")
         return real_open(path, flags, *args)
 
-    monkeypatch.setattr(follow_mod.os, "open", racing_open)
+    monkeypatch.setattr(os, "open", racing_open)  # the writer races every open of the name
     for _ in range(10):
         res = follower.read(1.0)
         lines += [ln for seg in res.segments for ln in seg.lines]
