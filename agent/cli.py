@@ -788,7 +788,7 @@ def _checkpoints(args: argparse.Namespace) -> int:
     if not found:
         print(f"{args.root}: no checkpoint (the directory is missing, empty or holds none)")
         return EXIT_OK
-    latest = checkpoints.latest_complete(args.root, **bounds)
+    latest = checkpoints.latest_of(found)
     for c in found:
         mark = "*" if latest is not None and c.path == latest.path else " "
         state = "complete" if c.complete else f"incomplete: {c.reason}"

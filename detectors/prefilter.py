@@ -180,8 +180,10 @@ class _AnchorPrefilter(_Prefilter):
             if len(exact_options) > 1 and exact_options[0] == anchors:
                 chooser.append((pid, exact_options))
             else:
+                # the case-folded anchors are found in the lower-cased pass, never in this one
                 for a in anchors:
-                    fixed.setdefault(a, []).append(pid)
+                    if not a.ci:
+                        fixed.setdefault(a, []).append(pid)
         self._choices = _Choices(fixed, chooser) if chooser else None
 
     def scan(self, data: bytes) -> tuple[list[int], list[int]]:

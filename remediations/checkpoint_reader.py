@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import json
 import re
 import secrets
@@ -160,7 +161,7 @@ def reader_pod(
         raise CheckpointsUnreachable(
             f"{root} is mounted with a subPathExpr, which only the job's own container can expand"
         )
-    volume = json.loads(json.dumps(volume))  # a deep copy of plain JSON
+    volume = copy.deepcopy(volume)
     if source == "persistentVolumeClaim":
         volume[source]["readOnly"] = True
     reader_mount: dict[str, Any] = {"name": volume["name"], "mountPath": mount["mountPath"], "readOnly": True}

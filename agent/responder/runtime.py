@@ -223,10 +223,7 @@ class RuntimeMixin:
         local = self._map_path(root)
         image = self.settings.checkpoint_reader_image
         mode = self.settings.checkpoint_reader
-        use_pod = bool(image) and (
-            mode == "pod" or (mode == "auto" and not await asyncio.to_thread(os.path.isdir, local))
-        )
-        if not use_pod or image is None:
+        if not image or mode == "off" or (mode == "auto" and await asyncio.to_thread(os.path.isdir, local)):
             found = await asyncio.to_thread(ckpt.list_checkpoints, local)
             if local == root:
                 return found

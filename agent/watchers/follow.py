@@ -261,8 +261,8 @@ class FileFollower:
             self._cur = new
             # The name moved on again between the stat above and the open: the file the stat saw
             # was rotated away unread in between. Read it (and any other) before the new one.
-            moved = new is not None and new.fid != (st.st_dev, st.st_ino)
-            if moved and new is not None and self.catch_up and self._catch_up(cur, new.fid, now):
+            moved = new is not None and self.catch_up and new.fid != (st.st_dev, st.st_ino)
+            if moved and new is not None and self._catch_up(cur, new.fid, now):
                 res.more = True
                 return res
             if new is None or not at_eof:
