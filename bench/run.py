@@ -586,6 +586,23 @@ def run_realplane_figures(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+# Figures that `make soak` (bench/soak.py) merges into the same file: a bench run does not make them,
+# so it keeps them rather than dropping the last soak's measurements.
+SOAK_PREFIXES = ("soak_", "responder_")
+
+
+def with_soak_figures(result: dict[str, Any], path: Path) -> dict[str, Any]:
+    """`result` plus the soak's figures already in `path` (those this run did not make itself)."""
+    try:
+        before = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return result
+    if not isinstance(before, dict):
+        return result
+    kept = {k: v for k, v in before.items() if k.startswith(SOAK_PREFIXES) and k not in result}
+    return {**result, **kept}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     result = run(args)
@@ -613,6 +630,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         log("web console: list and incident pages over 10,000 incidents in SQLite (bench/console.py)")
         result.update(run_console(requests=100 if args.quick else 300))
+    result = with_soak_figures(result, args.output)
     text = json.dumps(result, indent=2, ensure_ascii=False)
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(text + "\n", encoding="utf-8")

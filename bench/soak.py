@@ -30,6 +30,10 @@ responder's ceiling), `soak_incidents`, `soak_incidents_pending_end` (still `ope
 after the load stopped; `soak_incidents_pending_final_end` of them had their final diagnosis) and
 `soak_incidents_degraded` (handled observe-only because more than `remediate.max_pending` waited).
 
+`--all` is what `make soak` runs: the memory bus (its figures named `soak_memory_bus_*`), then
+Apache Kafka with the responder against the real kube-apiserver (the `soak_*` figures), then the
+responder's ceiling with `--all-ceiling` diagnoses; every figure merged into `--results`.
+
 `--ceiling N` measures the responder's ceiling instead, `responder_incidents_per_s`: the agent as
 above with nothing published but N final diagnoses at once, about `--ceiling-jobs` one-pod batch
 Jobs Running on the KWOK nodes (so each scene has a workload, pods, logs, events and nodes), with
@@ -613,6 +617,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--tracemalloc", action="store_true")
     p.add_argument("--results", type=Path, default=None, help="merge the figures into this JSON file")
+    p.add_argument(
+        "--all",
+        action="store_true",
+        help="what `make soak` runs: the memory bus, then Apache Kafka with the responder, then the ceiling",
+    )
+    p.add_argument("--all-ceiling", type=int, default=400, help="with --all: N of the ceiling run")
     return p.parse_args(argv)
 
 
@@ -628,12 +638,40 @@ def _with_kafka(args: argparse.Namespace) -> dict[str, Any]:
         return asyncio.run(soak(args, broker.bootstrap))
 
 
+def _memory_bus_keys(out: dict[str, Any]) -> dict[str, Any]:
+    """The memory-bus run's figures under `soak_memory_bus_*`, beside the Kafka run's `soak_*`."""
+    named: dict[str, Any] = {}
+    for key, value in out.items():
+        if key.startswith("soak_memory_bus_") or not key.startswith("soak_"):
+            named[key] = value
+        else:
+            named["soak_memory_bus_" + key.removeprefix("soak_")] = value
+    return named
+
+
+def every_run(args: argparse.Namespace) -> dict[str, Any]:
+    """`make soak`: the memory bus, then Apache Kafka with the responder against the real
+    kube-apiserver (the `soak_*` figures), then the responder's ceiling (`responder_incidents_per_s`)."""
+    out: dict[str, Any] = {}
+    memory = argparse.Namespace(**{**vars(args), "bus": "memory", "responder": False})
+    print(f"== soak 1/3: memory bus, {args.minutes:g} minutes ==", file=sys.stderr)
+    out.update(_memory_bus_keys(asyncio.run(soak(memory))))
+    kafka = argparse.Namespace(**{**vars(args), "bus": "kafka", "responder": True})
+    print(f"== soak 2/3: Apache Kafka and the responder, {args.minutes:g} minutes ==", file=sys.stderr)
+    out.update(_with_kafka(kafka))
+    print(f"== soak 3/3: the responder's ceiling, {args.all_ceiling} diagnoses ==", file=sys.stderr)
+    out.update(ceiling(argparse.Namespace(**{**vars(args), "ceiling": args.all_ceiling})))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.tracemalloc:
         tracemalloc.start(1)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
-    if args.ceiling > 0:
+    if args.all:
+        out = every_run(args)
+    elif args.ceiling > 0:
         out = ceiling(args)
     elif args.bus == "kafka":
         out = _with_kafka(args)
