@@ -38,6 +38,11 @@ the next owner replays them (on a bus that outlives the process: over the in-pro
 `--role all` nothing could replay them, and nothing is held). Malformed, oversized or
 unknown-schema messages go to the DLQ. Events seen twice (a replay, or a kernel line fanned out
 to one job twice) are skipped by (id, key).
+
+Size: one class, `Brain`, whose methods share the per-job windows, the offsets they hold and the
+state kept for `unknown` diagnoses (error lines, exit codes, kernel lines); the settings and the
+error-line helpers around it are short. Split it as the responder was (mixins over one state) when
+it grows.
 """
 
 from __future__ import annotations

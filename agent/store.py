@@ -17,6 +17,9 @@ written by a newer agent than this one is refused rather than misread.
 
 Incident ids are the diagnosis ids (derived from the job key and the first evidence event), so a
 diagnosis replayed after a crash lands on the same incident.
+
+The errors, the states, the schema's migrations and the records are in agent/store_model.py; this
+module re-exports the names the rest of trainmedic and its tests import from it.
 """
 
 from __future__ import annotations
@@ -27,226 +30,23 @@ import threading
 import time
 from collections.abc import Collection, Mapping
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
-from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from trainmedic.errors import TrainmedicError
+from trainmedic.agent.store_model import (
+    LIST_FILTERS,
+    MIGRATIONS,
+    TERMINAL,
+    UNFINISHED_ACTIONS,
+    ActionRecord,
+    ActionState,
+    Incident,
+    IncidentRow,
+    IncidentStatus,
+    LinkUsedError,
+    StoreError,
+)
 from trainmedic.sqlitedb import immediate, migrate, open_durable
-
-
-class StoreError(TrainmedicError):
-    """The incident store cannot be used (unreadable file, newer schema, unknown incident)."""
-
-
-class IncidentStatus(StrEnum):
-    OPEN = "open"  # diagnosed, scene and plan in progress
-    OBSERVED = "observed"  # mode observe / dry-run: plan recorded, nothing changed
-    AWAITING_APPROVAL = "awaiting_approval"
-    REJECTED = "rejected"
-    ACTING = "acting"
-    RESOLVED = "resolved"  # every action done
-    BLOCKED = "blocked"  # budget, backoff or circuit breaker: a person must look
-    FAILED = "failed"  # an action failed for good
-
-
-TERMINAL = frozenset(
-    {
-        IncidentStatus.OBSERVED,
-        IncidentStatus.REJECTED,
-        IncidentStatus.RESOLVED,
-        IncidentStatus.BLOCKED,
-        IncidentStatus.FAILED,
-    }
-)
-
-
-class ActionState(StrEnum):
-    PLANNED = "planned"
-    RUNNING = "running"
-    DELETING = "deleting"  # restart: the original workload is being deleted (its spec is in the scene)
-    CREATING = "creating"  # restart: the replacement body is recorded and being created
-    DONE = "done"
-    SKIPPED = "skipped"
-    FAILED = "failed"
-
-
-UNFINISHED_ACTIONS = frozenset({ActionState.RUNNING, ActionState.DELETING, ActionState.CREATING})
-
-MIGRATIONS: tuple[str, ...] = (
-    # 1: incidents, actions, timeline, approvals
-    """
-    CREATE TABLE incidents (
-        id TEXT PRIMARY KEY,
-        key TEXT NOT NULL,
-        namespace TEXT, job TEXT, job_kind TEXT, job_api_version TEXT,
-        node TEXT, fault_class TEXT, code TEXT, chip TEXT,
-        status TEXT NOT NULL,
-        mode TEXT,
-        revision INTEGER NOT NULL DEFAULT 0,
-        created REAL NOT NULL, updated REAL NOT NULL,
-        diagnosis TEXT NOT NULL,
-        scene_dir TEXT,
-        plan TEXT,
-        fault_observed INTEGER NOT NULL DEFAULT 0,
-        source_topic TEXT, source_partition INTEGER
-    );
-    CREATE INDEX incidents_status ON incidents(status);
-    CREATE INDEX incidents_key ON incidents(key, created);
-    CREATE TABLE actions (
-        incident_id TEXT NOT NULL REFERENCES incidents(id),
-        seq INTEGER NOT NULL,
-        name TEXT NOT NULL,
-        state TEXT NOT NULL,
-        params TEXT NOT NULL,
-        result TEXT,
-        started REAL, finished REAL,
-        PRIMARY KEY (incident_id, seq)
-    );
-    CREATE TABLE timeline (
-        incident_id TEXT NOT NULL REFERENCES incidents(id),
-        t REAL NOT NULL,
-        kind TEXT NOT NULL,
-        detail TEXT NOT NULL
-    );
-    CREATE INDEX timeline_incident ON timeline(incident_id, t);
-    CREATE TABLE approvals (
-        incident_id TEXT PRIMARY KEY REFERENCES incidents(id),
-        decision TEXT NOT NULL,
-        by TEXT NOT NULL,
-        t REAL NOT NULL,
-        comment TEXT NOT NULL DEFAULT ''
-    );
-    """,
-    # 2: the console's list filters and live updates, and signed approve links used once
-    """
-    CREATE INDEX incidents_created ON incidents(created);
-    CREATE INDEX incidents_updated ON incidents(updated);
-    CREATE INDEX incidents_class ON incidents(fault_class, created);
-    CREATE INDEX incidents_chip ON incidents(chip, created);
-    CREATE INDEX incidents_node ON incidents(node, created);
-    CREATE INDEX incidents_job ON incidents(job, created);
-    CREATE INDEX incidents_status_created ON incidents(status, created);
-    CREATE TABLE links_used (
-        nonce TEXT PRIMARY KEY,
-        incident_id TEXT NOT NULL REFERENCES incidents(id),
-        action TEXT NOT NULL,
-        by TEXT NOT NULL,
-        t REAL NOT NULL
-    );
-    """,
-)
-
-# Columns the incident list filters on (the console), with the index that serves each.
-LIST_FILTERS = ("status", "fault_class", "chip", "node", "job")
-
-
-class LinkUsedError(StoreError):
-    """A signed single-use link was already used."""
-
-
-@dataclass
-class IncidentRow:
-    """One line of the incident list: the columns and the root cause's summary, nothing parsed."""
-
-    id: str
-    status: IncidentStatus
-    created: float
-    updated: float
-    namespace: str | None
-    job: str | None
-    node: str | None
-    fault_class: str | None
-    code: str | None
-    chip: str | None
-    mode: str | None
-    summary_en: str | None
-    summary_zh: str | None
-
-
-@dataclass
-class ActionRecord:
-    incident_id: str
-    seq: int
-    name: str
-    state: ActionState
-    params: dict[str, Any]
-    result: dict[str, Any] | None = None
-    started: float | None = None
-    finished: float | None = None
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "seq": self.seq,
-            "name": self.name,
-            "state": self.state.value,
-            "params": self.params,
-            "result": self.result,
-            "started": self.started,
-            "finished": self.finished,
-        }
-
-
-@dataclass
-class Incident:
-    id: str
-    key: str
-    status: IncidentStatus
-    created: float
-    updated: float
-    diagnosis: dict[str, Any]
-    namespace: str | None = None
-    job: str | None = None
-    job_kind: str | None = None
-    job_api_version: str | None = None
-    node: str | None = None
-    fault_class: str | None = None
-    code: str | None = None
-    chip: str | None = None
-    mode: str | None = None
-    revision: int = 0
-    scene_dir: str | None = None
-    plan: dict[str, Any] | None = None
-    fault_observed: bool = False
-    source_topic: str | None = None
-    source_partition: int | None = None
-    actions: list[ActionRecord] = field(default_factory=list)
-    approval: dict[str, Any] | None = None
-
-    def stored_diagnosis(self) -> dict[str, Any] | None:
-        """The diagnosis itself (root cause, findings): under `diagnosis` where the responder stored
-        the whole diagnosis event, the document itself where a bare diagnosis was stored."""
-        inner = self.diagnosis.get("diagnosis")
-        if isinstance(inner, dict):
-            return inner
-        if "root_cause" in self.diagnosis or "findings" in self.diagnosis:
-            return self.diagnosis
-        return None
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "key": self.key,
-            "status": self.status.value,
-            "namespace": self.namespace,
-            "job": self.job,
-            "job_kind": self.job_kind,
-            "node": self.node,
-            "fault_class": self.fault_class,
-            "code": self.code,
-            "chip": self.chip,
-            "mode": self.mode,
-            "revision": self.revision,
-            "created": self.created,
-            "updated": self.updated,
-            "scene_dir": self.scene_dir,
-            "plan": self.plan,
-            "actions": [a.as_dict() for a in self.actions],
-            "approval": self.approval,
-            "diagnosis": self.diagnosis,
-        }
-
 
 _INCIDENT_COLUMNS = (
     "id, key, status, created, updated, diagnosis, namespace, job, job_kind, job_api_version, node, "
@@ -755,3 +555,17 @@ class IncidentStore:
             )
             for r in rows
         ]
+
+
+__all__ = [
+    "LIST_FILTERS",
+    "MIGRATIONS",
+    "TERMINAL",
+    "ActionRecord",
+    "ActionState",
+    "Incident",
+    "IncidentStatus",
+    "IncidentStore",
+    "LinkUsedError",
+    "StoreError",
+]

@@ -3,7 +3,7 @@
     python -m bench.soak [--minutes 3] [--lines-per-s 20000] [--faults-per-s 20] [--bus memory|kafka]
                          [--tracemalloc]
 
-The agent is built exactly as `trainmedic run --role all` builds it (agent/run.py `build_agent`:
+The agent is built exactly as `trainmedic run --role all` builds it (agent/run/build.py `build_agent`:
 the memory bus, the brain, the loop-lag monitor; no Kubernetes API, so no watcher and no
 responder), and a paced publisher in the same process feeds its bus as the watchers would:
 

@@ -98,6 +98,9 @@ line-by-line reference path).
 Errors:
 
     RuleLoadError (trainmedic.errors)   progress.yaml is unusable: every problem with file:line
+
+Size: one class, `HangDetector`, over one state (each rank's progress, the phase and the silence
+bounds); its schema, matcher, regex rewriter and state already live in the hang_*.py modules.
 """
 
 from __future__ import annotations

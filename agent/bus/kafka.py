@@ -22,6 +22,9 @@ events so a burst cannot starve the sender.
 Consumer: a group member with manual commits (at-least-once). Broker outages are logged and backed
 off inside `getmany()` (which then returns nothing) and the underlying aiokafka consumer is rebuilt
 when it keeps failing, so the caller's loop never sees the broker's trouble.
+
+Size: the Kafka bus as one unit: `KafkaBus` is one producer state machine (buffer, lanes, in-flight
+sends, reconnection, topics) and `KafkaConsumer` shares its client settings and failure handling.
 """
 
 from __future__ import annotations

@@ -55,6 +55,10 @@ this module imports without it, and `KubeEmulator()` says what is missing. The t
         cluster.on_exec(pods[0], lambda container, argv: ExecReply(stdout="hi\n"))
         await cluster.terminate(pods[0], "trainer", reason="OOMKilled", exit_code=137, restart=True)
         await kube.pause(); await kube.resume()   # connection refused in between, same port
+
+Size: one emulated cluster: `Cluster` keeps every object of the emulated API server (nodes,
+workloads, pods, events) with the container logs and exec sessions it serves, and the faults drive
+that one state through its methods; `KubeEmulator` is the server it runs in.
 """
 
 from __future__ import annotations

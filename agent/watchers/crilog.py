@@ -36,6 +36,9 @@ accepted since the last save (one batch with `position_flush_interval=0`) are se
 first start (no saved position) begin at `start_at` ("end" by default); on a restart, a file the
 store does not know whose first line is newer than the store's last save is read from its start
 (a container that started while the agent was down).
+
+Size: one class, `CriLogTailer`, whose methods share one state (the followed files per pod, rotation
+chains, partial lines, batches in flight and the saved positions); the helpers around it are short.
 """
 
 from __future__ import annotations

@@ -1,119 +1,27 @@
-"""`trainmedic run`: the daemon, one role or all of them in one process.
-
-    node     (DaemonSet)  container logs, kernel messages, NVML device metrics -> bus
-    cluster  (Deployment) pods, events, nodes, workloads; Prometheus device metrics -> bus
-    brain    (Deployment, scaled out as a consumer group) bus -> detectors -> findings, diagnoses
-    all      everything above in one process; the memory bus is the embedded default
-
-Every component runs under a supervisor: a failure is logged with its traceback and the component
-is restarted with exponential backoff (a watcher that loses the API server comes back; the rest of
-the agent keeps going). A source that cannot work here (no /var/log/pods, no /dev/kmsg, no NVML
-driver, no Prometheus configured) logs one line saying why and stays off.
-
-SIGTERM / SIGINT stop gracefully: sources stop, the brain publishes its open windows as final and
-commits, and the producer flushes what it buffered (bounded).
+"""`build_agent`: the components a role runs (sources, the brain, the responder with its notifier, the
+API), each added only where it can work here.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import json
-import logging
 import os
 import shutil
-import signal
-import sys
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainmedic.agent.brain import Brain, BrainSettings
 from trainmedic.agent.bus.base import Bus
-from trainmedic.agent.bus.memory import MemoryBus
 from trainmedic.agent.config import Role, Settings
 from trainmedic.agent.health import readiness
-from trainmedic.agent.jobindex import JobIndex
 from trainmedic.agent.looplag import LoopLagMonitor
+from trainmedic.agent.run.agent import Agent, SourceUnavailableError, _kube_api_client, make_bus
 from trainmedic.agent.telemetry import Telemetry
-from trainmedic.backoff import Backoff
 
 if TYPE_CHECKING:
     from trainmedic.agent.responder import ResponderSettings
-
-log = logging.getLogger("trainmedic.run")
-
-
-class SourceUnavailableError(Exception):
-    """A source cannot run on this host (its reason is logged once; the agent goes on without it)."""
-
-
-@dataclass
-class Agent:
-    """The components of one process, built from settings for a role."""
-
-    settings: Settings
-    role: Role
-    bus: Bus
-    telemetry: Telemetry
-    job_index: JobIndex = field(default_factory=JobIndex)
-    components: dict[str, Callable[[], Awaitable[None]]] = field(default_factory=dict)
-    disabled: dict[str, str] = field(default_factory=dict)
-    brain: Brain | None = None
-    responder: Any = None  # agent.responder.Responder when remediation is on (brain / all roles)
-    api_app: Any = None  # the FastAPI app when the API is on (its `state.server` once it listens)
-    notifier: Any = None  # agent.notify.Notifier when notify.sinks are configured (with the responder)
-    lag: LoopLagMonitor | None = None  # trainmedic_event_loop_lag_seconds, in every role
-    stop: asyncio.Event = field(default_factory=asyncio.Event)
-    started: asyncio.Event = field(default_factory=asyncio.Event)
-
-
-def make_bus(settings: Settings, telemetry: Telemetry) -> Bus:
-    if settings.bus.kind == "memory":
-        b = settings.bus
-        return MemoryBus(
-            partitions=b.partitions,
-            max_backlog=b.memory_max_records,
-            max_backlog_bytes=b.memory_max_bytes,
-            telemetry=telemetry,
-            # In one process a crash takes the bus with it: nothing read is held for a replay.
-            replays=False,
-        )
-    from trainmedic.agent.bus.kafka import KafkaBus
-
-    b = settings.bus
-    return KafkaBus(
-        b.bootstrap,
-        client_id=f"{b.client_id}-{settings.node_name}",
-        partitions=b.partitions,
-        compression=None if b.compression == "none" else b.compression,
-        linger_ms=b.linger_ms,
-        buffer_max=b.buffer_max,
-        fetch_max_wait_ms=b.fetch_max_wait_ms,
-        telemetry=telemetry,
-    )
-
-
-def _kube_api_client(settings: Settings) -> Any:
-    """A kubernetes ApiClient from the kubeconfig setting, in-cluster config, or ~/.kube/config."""
-    from kubernetes import client
-    from kubernetes import config as kube_config
-
-    config: Any = kube_config  # the client's loaders are untyped
-    cfg = client.Configuration()
-    if settings.kubernetes.kubeconfig:
-        config.load_kube_config(config_file=settings.kubernetes.kubeconfig, client_configuration=cfg)
-    else:
-        try:
-            config.load_incluster_config(client_configuration=cfg)
-        except config.ConfigException:
-            try:
-                config.load_kube_config(client_configuration=cfg)
-            except (config.ConfigException, OSError) as e:
-                raise SourceUnavailableError(f"no Kubernetes configuration: {e}") from e
-    return client.ApiClient(cfg)
 
 
 def build_agent(
@@ -487,144 +395,3 @@ def _add_node_sources(agent: Agent, producer: str) -> None:
             agent.disabled["nvml"] = str(e)
         else:
             agent.components["nvml"] = nvml.run
-
-
-def _unavailable_errors() -> tuple[type[Exception], ...]:
-    from trainmedic.agent.watchers.kernel import KernelSourceUnavailable
-    from trainmedic.agent.watchers.nvml import SourceUnavailable
-
-    return (SourceUnavailableError, KernelSourceUnavailable, SourceUnavailable)
-
-
-UNAVAILABLE = _unavailable_errors()
-
-
-async def supervise(name: str, factory: Callable[[], Awaitable[None]], stop: asyncio.Event) -> None:
-    """Run a component until `stop`; restart it with backoff when it fails."""
-    backoff = Backoff(1.0, 60.0)
-    while not stop.is_set():
-        started = time.monotonic()
-        try:
-            await factory()
-            if stop.is_set():
-                return
-            log.warning("component %s returned; restarting", name)
-        except asyncio.CancelledError:
-            raise
-        except UNAVAILABLE as e:
-            log.warning("%s is off: %s", name, e)
-            return
-        except Exception:
-            log.exception("component %s failed; restarting in %.0f s", name, backoff.current)
-        if time.monotonic() - started > 60:
-            backoff.reset()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), backoff.next())
-
-
-async def run_agent(agent: Agent, *, drain_timeout_s: float = 20.0) -> None:
-    """Run every component until `agent.stop` is set, then shut down gracefully."""
-    await agent.bus.start()
-    for name, why in agent.disabled.items():
-        log.warning("%s is off: %s", name, why)
-    tasks = {
-        name: asyncio.create_task(supervise(name, factory, agent.stop), name=f"trainmedic:{name}")
-        for name, factory in agent.components.items()
-        if name not in ("brain", "responder")
-    }
-    brain_task = (
-        asyncio.create_task(supervise("brain", agent.components["brain"], agent.stop), name="trainmedic:brain")
-        if "brain" in agent.components
-        else None
-    )
-    responder_task = (
-        asyncio.create_task(
-            supervise("responder", agent.components["responder"], agent.stop), name="trainmedic:responder"
-        )
-        if "responder" in agent.components
-        else None
-    )
-    log.info(
-        "trainmedic %s running: %s (bus: %s)",
-        agent.role.value,
-        ", ".join(agent.components) or "nothing",
-        agent.bus.name,
-    )
-    agent.started.set()
-    try:
-        await agent.stop.wait()
-    finally:
-        # Sources first (nothing new comes in), then the brain drains and commits, then the bus flushes.
-        for t in tasks.values():
-            t.cancel()
-        await asyncio.gather(*tasks.values(), return_exceptions=True)
-        # The brain publishes its open windows as final; the responder finishes what it started.
-        for task in (brain_task, responder_task):
-            if task is None:
-                continue
-            try:
-                await asyncio.wait_for(task, drain_timeout_s)
-            except (TimeoutError, asyncio.CancelledError):
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
-        if agent.notifier is not None:
-            # What the responder queued last goes out now; what cannot stays in the outbox for next time.
-            await agent.notifier.flush(drain_timeout_s)
-            await agent.notifier.aclose()
-            agent.notifier.outbox.close()
-        if agent.responder is not None:
-            agent.responder.close()
-        await agent.bus.stop()
-        log.info("trainmedic %s stopped", agent.role.value)
-
-
-class JsonFormatter(logging.Formatter):
-    """One JSON object per log line: time, level, logger, message (+ exception)."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        out: dict[str, Any] = {
-            "time": round(record.created, 3),
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "message": record.getMessage(),
-        }
-        if record.exc_info:
-            out["exception"] = self.formatException(record.exc_info)
-        return json.dumps(out, ensure_ascii=False)
-
-
-def setup_logging(settings: Settings) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    if settings.log_format == "json":
-        handler.setFormatter(JsonFormatter())
-    else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(settings.log_level)
-    # The clients' own chatter stays at WARNING.
-    for noisy in ("aiokafka", "kafka", "kubernetes", "urllib3"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
-
-
-def main(settings: Settings, role: Role) -> int:
-    """Blocking entry point of `trainmedic run`. A data file the role loads that cannot be used
-    (agent/configcheck.py) refuses the start, as `run --check` does, with the same lines: exit 2."""
-    from trainmedic.agent.configcheck import data_file_problems, refusal_lines
-
-    refused = data_file_problems(settings, role)
-    if refused:
-        for line in refusal_lines(refused):
-            print(line, file=sys.stderr)
-        return 2
-    setup_logging(settings)
-
-    async def _main() -> None:
-        agent = build_agent(settings, role)
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, agent.stop.set)
-        await run_agent(agent)
-
-    asyncio.run(_main())
-    return 0

@@ -1,351 +1,41 @@
-"""Incident notifications: every incident state the responder publishes reaches every configured
-sink (CloudEvents, Alertmanager, Feishu / DingTalk / WeCom / Slack robots), at least once, without
-paging anyone 500 times.
-
-    Responder._publish --> Notifier.enqueue --> outbox (SQLite, committed) --> one loop per sink --> HTTP
-
-Durability. `enqueue` returns only after the notice is committed in the outbox (agent/outbox.py),
-one row per sink, UNIQUE by the notice's dedup key: a replayed incident event is queued once. A row
-is marked delivered only after its receiver said so; one that was in flight when the agent died is
-sent again by the next agent (at least once), carrying the same dedup key (CloudEvent `id`, header
-`X-Trainmedic-Dedup-Key`) so receivers can drop the repeat.
-
-Failures. 2xx is delivered. 408, 429, 5xx, connection errors and timeouts are temporary: the sink
-pauses with exponential backoff and full jitter (`retry_initial_s` doubling up to `retry_max_s`;
-a receiver's Retry-After is honoured, capped at `retry_max_s`), and a notice still undelivered
-`give_up_after_s` after it was queued is given up. Other 4xx are permanent: the notice is dead at
-once. Chat robots answer HTTP 200 with an error in the body (Feishu `code`, DingTalk / WeCom
-`errcode`); their rate-limit codes are temporary, the rest permanent. Every delivery and every
-give-up lands in the incident's timeline (`notified`, `notify_failed`) and in telemetry. A notice one
-sink will never deliver still reaches a person: every other sink gets a short "sink X failed
-permanently: ..." page of it, whatever statuses that sink takes (timeline `notify_escalated`,
-counter `trainmedic_notify_sink_failed_total`).
-
-Grouping and rate limits. Each sink has a token bucket of `burst` messages per `window_s`. While
-tokens last, each notice goes out alone, as soon as it is queued (a single incident reaches a local
-receiver within milliseconds). When the bucket is empty the sink switches to digests: everything
-pending goes out as one message (chat robots: a digest; CloudEvents: batch mode; Alertmanager:
-one POST of all alerts) when the next token is due, then at most one message per window while
-notices keep coming; a window with nothing to send ends the storm. A 500-node outage is a handful
-of messages. Alertmanager groups alerts itself, so every POST carries everything pending; and as
-it ends an alert that is not repeated within its resolve_timeout, the latest state of incidents
-still firing is re-sent every `resend_s` (for `resend_for_s`), the way Prometheus repeats its alerts.
-
-Secrets (signing secrets, robot URLs, which embed tokens, extra headers) never reach a log line,
-an error record or a timeline: those name the sink, never its URL.
+"""`Notifier`: notices committed in the outbox, delivered by one loop per sink with its token bucket
+(a notice alone while tokens last, digests in a storm), retries with backoff, give-ups and the
+escalation of a notice one sink will never deliver to the others.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
-import json
 import logging
-import os
 import random
 import sqlite3
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from typing import Any
 
 import httpx
 
-from trainmedic.agent.config import ApiSettings, NotifySettings, SinkSettings
+from trainmedic.agent.config import NotifySettings
+from trainmedic.agent.notify.sinks import (
+    MAX_RESPONSE_BYTES,
+    SINK_TYPES,
+    Message,
+    NotifyError,
+    Outcome,
+    Sink,
+    backoff_delay,
+    resolve_secret,
+)
 from trainmedic.agent.outbox import Outbox, OutboxError, OutboxItem
 from trainmedic.agent.store import IncidentStore, StoreError
 from trainmedic.agent.telemetry import Telemetry
-from trainmedic.agent.urlsafe import install_log_filters
-from trainmedic.backoff import backoff_delay as shared_backoff_delay
-from trainmedic.backoff import parse_retry_after
-from trainmedic.errors import PermanentError, TemporaryError
+from trainmedic.errors import PermanentError
 from trainmedic.events import Event, IncidentEvent
-from trainmedic.reports import payloads
 from trainmedic.reports.notice import Notice, NoticeError
 
 log = logging.getLogger("trainmedic.notify")
-# Webhook URLs carry credentials: no log record of httpx, httpcore or this module shows them.
-install_log_filters()
-
-DEDUP_HEADER = "X-Trainmedic-Dedup-Key"
-DEDUP_COUNT_HEADER = "X-Trainmedic-Dedup-Count"
-AFFECTED_NODES_HEADER = "X-Trainmedic-Affected-Nodes"
-AFFECTED_JOBS_HEADER = "X-Trainmedic-Affected-Jobs"
-USER_AGENT = "trainmedic-notifier/1"
-# The most of a receiver's answer that is read (its error text is recorded, cut).
-MAX_RESPONSE_BYTES = 64 << 10
-
-# Chat robots answer HTTP 200 (Feishu also 400) with an error code in the JSON body. These codes
-# are rate limits or "system busy", worth retrying; any other non-zero code is permanent.
-# Feishu custom bot: 11232 frequency limit of the message service (100/min, 5/s per bot), 230020
-# per-chat rate limit, 99991400 the open platform's request frequency limit.
-FEISHU_RETRY_CODES = frozenset({11232, 230020, 99991400})
-# DingTalk custom robot: -1 system busy, 130101 "send too fast, exceed 20 times per minute",
-# 90002 / 90018 the platform's frequency limits.
-DINGTALK_RETRY_CODES = frozenset({-1, 130101, 90002, 90018})
-# WeCom group robot: -1 system busy, 45009 "api freq out of limit" (20 messages a minute per robot),
-# 45033 too many concurrent calls.
-WECOM_RETRY_CODES = frozenset({-1, 45009, 45033})
-
-
-class NotifyError(PermanentError):
-    """The notifier cannot be built as configured (a missing secret)."""
-
-
-# -- one request and what became of it --------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """What one delivery attempt came to."""
-
-    result: Literal["delivered", "retry", "dead"]
-    http: int | None = None
-    error: str | None = None
-    # Seconds the receiver asked us to wait (Retry-After), when it did.
-    retry_after: float | None = None
-
-    def as_error(self) -> DeliveryFailed | DeliveryRefused | None:
-        """What a failed delivery means, in trainmedic.errors' one tree (None: delivered): the
-        notifier acts on that, as every other layer does."""
-        if self.result == "delivered":
-            return None
-        message = self.error or (f"HTTP {self.http}" if self.http is not None else "delivery failed")
-        if self.result == "dead":
-            return DeliveryRefused(message, http=self.http)
-        return DeliveryFailed(message, delay=self.retry_after, http=self.http)
-
-
-class DeliveryFailed(TemporaryError):
-    """A delivery worth trying again (429, 5xx, a timeout, a robot's rate-limit code), after `delay`
-    when the receiver named one (Retry-After), else after the sink's backoff."""
-
-    def __init__(self, message: str, *, delay: float | None = None, http: int | None = None) -> None:
-        super().__init__(message, delay=delay)
-        self.http = http
-
-
-class DeliveryRefused(PermanentError):
-    """The receiver refused the notice for good (any other 4xx, a robot's other codes): it is dead."""
-
-    def __init__(self, message: str, *, http: int | None = None) -> None:
-        super().__init__(message)
-        self.http = http
-
-
-@dataclass
-class Message:
-    """One HTTP request carrying 1..N notices."""
-
-    url: str
-    body: bytes
-    headers: dict[str, str]
-    count: int
-
-
-def dedup_key_of(notices: Sequence[Notice]) -> str:
-    """The dedup key a message carries: the notice's own, or one derived from a digest's members
-    (the same digest retried carries the same key)."""
-    if len(notices) == 1:
-        return notices[0].dedup_key
-    digest = hashlib.sha256("\n".join(sorted(n.dedup_key for n in notices)).encode()).hexdigest()
-    return f"digest:{digest[:32]}"
-
-
-def backoff_delay(failures: int, *, initial: float, maximum: float, rng: random.Random) -> float:
-    """Exponential backoff with full jitter: uniform(0, min(maximum, initial * 2**(failures-1)))."""
-    return shared_backoff_delay(failures - 1, base=initial, cap=maximum, jitter=(0.0, 1.0), rng=rng)
-
-
-# -- sinks: what to send, and how to read the answer ------------------------------------------------
-
-
-class Sink:
-    """How one kind of receiver is addressed, what it gets, and what its answers mean."""
-
-    kind: ClassVar[str] = ""
-    content_type: ClassVar[str] = "application/json; charset=utf-8"
-    # Every message carries everything pending (the receiver groups by itself).
-    batches_always: ClassVar[bool] = False
-    # The latest state of incidents still firing is sent again every `resend_s` (Alertmanager ends an
-    # alert that is not repeated within its resolve_timeout).
-    resends: ClassVar[bool] = False
-
-    def __init__(self, settings: SinkSettings, *, secret: str | None, source: str) -> None:
-        self.settings = settings
-        self.name = settings.sink_name
-        self.secret = secret
-        self.source = source
-        self.statuses = settings.effective_statuses
-        self.burst = settings.effective_burst
-        self.window_s = settings.window_s
-        self.max_batch = settings.max_batch
-        self.timeout_s = settings.timeout_s
-        self.resend_s = settings.resend_s if self.resends else 0.0
-        self.resend_for_s = settings.resend_for_s
-
-    def payload(self, notices: Sequence[Notice], *, now: float) -> Any:
-        raise NotImplementedError
-
-    def url(self, *, now: float) -> str:
-        return self.settings.url
-
-    def extra_headers(self, body: bytes, *, now: float) -> dict[str, str]:
-        return {}
-
-    def build(self, notices: Sequence[Notice], *, now: float) -> Message:
-        body = payloads.encode_body(self.payload(notices, now=now))
-        headers = {
-            "Content-Type": self.content_type,
-            "User-Agent": USER_AGENT,
-            DEDUP_HEADER: dedup_key_of(notices),
-            DEDUP_COUNT_HEADER: str(len(notices)),
-        }
-        if len(notices) > 1:
-            # A digest says how wide the outage is, whatever its format.
-            headers[AFFECTED_NODES_HEADER] = str(len({n.node for n in notices if n.node}))
-            headers[AFFECTED_JOBS_HEADER] = str(len({(n.namespace, n.job) for n in notices if n.job}))
-        headers.update({k: v.get_secret_value() for k, v in self.settings.headers.items()})
-        headers.update(self.extra_headers(body, now=now))
-        return Message(url=self.url(now=now), body=body, headers=headers, count=len(notices))
-
-    def classify(self, status: int, body: bytes, headers: Mapping[str, str], *, now: float) -> Outcome:
-        """An HTTP answer as an outcome (subclasses read chat robots' error codes)."""
-        retry_after = parse_retry_after(headers.get("retry-after"), now=now)
-        if 200 <= status < 300:
-            return Outcome("delivered", status)
-        error = f"HTTP {status}: {_snippet(body)}".rstrip(": ")
-        if status in (408, 429) or status >= 500:
-            return Outcome("retry", status, error, retry_after)
-        return Outcome("dead", status, error)
-
-
-class CloudEventsSink(Sink):
-    kind = "cloudevents"
-    content_type = payloads.CLOUDEVENT_CONTENT_TYPE
-
-    def build(self, notices: Sequence[Notice], *, now: float) -> Message:
-        msg = super().build(notices, now=now)
-        if len(notices) > 1:
-            msg.headers["Content-Type"] = payloads.CLOUDEVENTS_BATCH_CONTENT_TYPE
-        return msg
-
-    def payload(self, notices: Sequence[Notice], *, now: float) -> Any:
-        if len(notices) == 1:
-            return payloads.cloudevent(notices[0], source=self.source)
-        return payloads.cloudevents_batch(notices, source=self.source)
-
-    def extra_headers(self, body: bytes, *, now: float) -> dict[str, str]:
-        if not self.secret:
-            return {}
-        return payloads.signature_headers(self.secret.encode(), body, timestamp=int(now))
-
-
-class AlertmanagerSink(Sink):
-    kind = "alertmanager"
-    batches_always = True
-    resends = True
-
-    def url(self, *, now: float) -> str:
-        base = self.settings.url.rstrip("/")
-        return base if base.endswith("/api/v2/alerts") else base + "/api/v2/alerts"
-
-    def payload(self, notices: Sequence[Notice], *, now: float) -> Any:
-        return payloads.alertmanager_alerts(notices, now=now)
-
-
-class _ChatSink(Sink):
-    # The JSON body fields holding the robot's result code, and the codes worth retrying.
-    code_fields: ClassVar[tuple[str, ...]] = ("errcode",)
-    retry_codes: ClassVar[frozenset[int]] = frozenset()
-
-    def classify(self, status: int, body: bytes, headers: Mapping[str, str], *, now: float) -> Outcome:
-        code, message = _robot_code(body, self.code_fields)
-        if code is not None and code != 0 and (200 <= status < 300 or 400 <= status < 500):
-            error = f"HTTP {status}, code {code}: {message or '-'}"
-            if code in self.retry_codes:
-                return Outcome("retry", status, error, parse_retry_after(headers.get("retry-after"), now=now))
-            return Outcome("dead", status, error)
-        return super().classify(status, body, headers, now=now)
-
-
-class FeishuSink(_ChatSink):
-    kind = "feishu"
-    code_fields = ("code", "StatusCode")
-    retry_codes = FEISHU_RETRY_CODES
-
-    def payload(self, notices: Sequence[Notice], *, now: float) -> Any:
-        return payloads.feishu_message(notices, lang=self.settings.lang, secret=self.secret, timestamp=int(now))
-
-
-class DingTalkSink(_ChatSink):
-    kind = "dingtalk"
-    retry_codes = DINGTALK_RETRY_CODES
-
-    def url(self, *, now: float) -> str:
-        if not self.secret:
-            return self.settings.url
-        return payloads.dingtalk_signed_url(self.settings.url, self.secret, int(now * 1000))
-
-    def payload(self, notices: Sequence[Notice], *, now: float) -> Any:
-        return payloads.dingtalk_message(notices, lang=self.settings.lang)
-
-
-class WeComSink(_ChatSink):
-    kind = "wecom"
-    retry_codes = WECOM_RETRY_CODES
-
-    def payload(self, notices: Sequence[Notice], *, now: float) -> Any:
-        return payloads.wecom_message(notices, lang=self.settings.lang)
-
-
-class SlackSink(Sink):
-    # Slack's incoming webhooks use plain HTTP statuses (400 invalid_payload, 404 channel_not_found,
-    # 429 with Retry-After), so the base classification applies.
-    kind = "slack"
-
-    def payload(self, notices: Sequence[Notice], *, now: float) -> Any:
-        return payloads.slack_message(notices, lang=self.settings.lang)
-
-
-SINK_TYPES: dict[str, type[Sink]] = {
-    t.kind: t for t in (CloudEventsSink, AlertmanagerSink, FeishuSink, DingTalkSink, WeComSink, SlackSink)
-}
-
-
-def _robot_code(body: bytes, fields: Sequence[str]) -> tuple[int | None, str | None]:
-    try:
-        data = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
-        return None, None
-    if not isinstance(data, dict):
-        return None, None
-    for name in fields:
-        value = data.get(name)
-        if isinstance(value, int) and not isinstance(value, bool):
-            msg = data.get("msg") or data.get("errmsg") or data.get("StatusMessage")
-            return value, _snippet(str(msg).encode()) if msg is not None else None
-    return None, None
-
-
-def _snippet(body: bytes, limit: int = 300) -> str:
-    text = body[: limit * 4].decode("utf-8", "replace").strip().replace("\n", " ")
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def resolve_secret(settings: SinkSettings, env: Mapping[str, str] | None = None) -> str | None:
-    """The sink's signing secret from `secret` or the variable named by `secret_env`."""
-    if settings.secret is not None:
-        return settings.secret.get_secret_value() or None
-    if settings.secret_env:
-        value = (os.environ if env is None else env).get(settings.secret_env)
-        if not value:
-            raise NotifyError(
-                f"notify sink {settings.sink_name}: environment variable {settings.secret_env} (secret_env) is not set"
-            )
-        return value
-    return None
 
 
 # -- the notifier -----------------------------------------------------------------------------------
@@ -790,68 +480,3 @@ async def _wait_any(wake: asyncio.Event, stop: asyncio.Event, timeout: float | N
         for w in waiters:
             w.cancel()
         await asyncio.gather(*waiters, return_exceptions=True)
-
-
-def build_notifier(
-    settings: NotifySettings,
-    *,
-    store_path: str,
-    store: IncidentStore | None,
-    telemetry: Telemetry,
-    clock: Callable[[], float] = time.time,
-    api: ApiSettings | None = None,
-    env: Mapping[str, str] | None = None,
-) -> Notifier | None:
-    """The notifier of `trainmedic run` (None when no sink is configured or notifications are off).
-    With `api.public_url`, messages link to the console's incident page and carry a signed approve
-    link for plans awaiting approval.
-
-    Raises NotifyError / OutboxError when it cannot be built (the agent logs why and goes on)."""
-    if not settings.enabled or not settings.sinks:
-        return None
-    base = settings.report_base_url.rstrip("/") if settings.report_base_url else None
-
-    def report_url(incident_id: str) -> str | None:
-        return f"{base}/api/v1/incidents/{incident_id}/report?format=html" if base else None
-
-    links = None
-    if api is not None:
-        from trainmedic.agent.api import resolve_token
-        from trainmedic.agent.console.security import message_links
-
-        links = message_links(api, token=resolve_token(api, env), env=env)
-    outbox = Outbox(store_path, clock=clock)
-    try:
-        return Notifier(
-            settings,
-            outbox=outbox,
-            store=store,
-            telemetry=telemetry,
-            clock=clock,
-            report_url=report_url,
-            env=env,
-            incident_url=links.incident_url if links else None,
-            approve_url=links.approve_url if links else None,
-            reject_url=links.reject_url if links else None,
-        )
-    except NotifyError:
-        outbox.close()
-        raise
-
-
-__all__ = [
-    "DEDUP_HEADER",
-    "SINK_TYPES",
-    "DeliveryFailed",
-    "DeliveryRefused",
-    "Message",
-    "Notifier",
-    "NotifyError",
-    "Outcome",
-    "Sink",
-    "backoff_delay",
-    "build_notifier",
-    "dedup_key_of",
-    "parse_retry_after",
-    "resolve_secret",
-]
