@@ -651,17 +651,30 @@ def _memory_bus_keys(out: dict[str, Any]) -> dict[str, Any]:
 
 def every_run(args: argparse.Namespace) -> dict[str, Any]:
     """`make soak`: the memory bus, then Apache Kafka with the responder against the real
-    kube-apiserver (the `soak_*` figures), then the responder's ceiling (`responder_incidents_per_s`)."""
+    kube-apiserver (the `soak_*` figures), then the responder's ceiling (`responder_incidents_per_s`).
+    Each part's figures are merged into `--results` as soon as it ends: a later part that fails
+    loses only its own."""
     out: dict[str, Any] = {}
     memory = argparse.Namespace(**{**vars(args), "bus": "memory", "responder": False})
     print(f"== soak 1/3: memory bus, {args.minutes:g} minutes ==", file=sys.stderr)
     out.update(_memory_bus_keys(asyncio.run(soak(memory))))
+    _merge_results(args.results, out)
     kafka = argparse.Namespace(**{**vars(args), "bus": "kafka", "responder": True})
     print(f"== soak 2/3: Apache Kafka and the responder, {args.minutes:g} minutes ==", file=sys.stderr)
     out.update(_with_kafka(kafka))
+    _merge_results(args.results, out)
     print(f"== soak 3/3: the responder's ceiling, {args.all_ceiling} diagnoses ==", file=sys.stderr)
     out.update(ceiling(argparse.Namespace(**{**vars(args), "ceiling": args.all_ceiling})))
     return out
+
+
+def _merge_results(path: Path | None, out: dict[str, Any]) -> None:
+    """Merge `out` into the JSON file at `path` (created if missing)."""
+    if path is None:
+        return
+    results = json.loads(path.read_text()) if path.exists() else {}
+    results.update(out)
+    path.write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -678,10 +691,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         out = asyncio.run(soak(args))
     print(json.dumps(out, indent=2))
-    if args.results is not None:
-        results = json.loads(args.results.read_text()) if args.results.exists() else {}
-        results.update(out)
-        args.results.write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
+    _merge_results(args.results, out)
     return 0
 
 

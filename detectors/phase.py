@@ -145,17 +145,23 @@ def parse_phase_file(text: str, name: str) -> PhaseMarkers:
     return PhaseMarkers(init=init, runtime=runtime)
 
 
-@functools.cache
 def load_phase_markers(path: Path = PHASES_FILE) -> PhaseMarkers:
-    """The shipped phase markers, validated once per content (trainmedic.cache), compiled at first use."""
+    """The phase markers as the file reads now, like the rules beside them (a process that loads the
+    rules again after an edit gets markers of the same edit); validated once per content
+    (trainmedic.cache) and kept per content in the process, compiled at first use."""
     try:
         data = path.read_bytes()
     except OSError as exc:
         raise PhaseError([Problem(str(path), None, f"cannot read: {exc.strerror or exc}")]) from None
-    key = cache.make_key("phases", [str(path), data])
+    return _markers_of(str(path), data)
+
+
+@functools.lru_cache(maxsize=4)
+def _markers_of(path: str, data: bytes) -> PhaseMarkers:
+    key = cache.make_key("phases", [path, data])
     hit = cache.load("phases", key)
     if isinstance(hit, tuple) and len(hit) == 2:
         return PhaseMarkers(init=list(hit[0]), runtime=list(hit[1]))
-    markers = parse_phase_file(data.decode("utf-8", "replace"), path.name)
+    markers = parse_phase_file(data.decode("utf-8", "replace"), Path(path).name)
     cache.store("phases", key, (markers.init_patterns, markers.runtime_patterns))
     return markers

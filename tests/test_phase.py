@@ -159,3 +159,14 @@ def engine_prefix(line: bytes) -> bytes:
     from trainmedic.detectors.engine import _utf8_prefix
 
     return _utf8_prefix(line, MAX_LINE)
+
+
+def test_markers_follow_the_file_as_the_rules_do(tmp_path: Path) -> None:
+    """A process that loads the rules again after an edit sees the phase markers of the same edit."""
+    path = tmp_path / "phases.yaml"
+    runtime = "runtime:\n  - pattern: '\\bInit COMPLETE\\b'\n"
+    path.write_text("version: 1\ninit:\n  - pattern: '\\bMPI_Init\\b'\n" + runtime)
+    line = b"*** An error occurred in MPI_Init"
+    assert load_phase_markers(path).on_line(line) is FaultClass.COMM_INIT
+    path.write_text("version: 1\ninit:\n  - pattern: '\\bncclCommInitRank\\b'\n" + runtime)
+    assert load_phase_markers(path).on_line(line) is None
