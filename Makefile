@@ -53,8 +53,9 @@ servers:
 	  $$SUDO apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends prometheus prometheus-alertmanager >/dev/null; }
 
-# Debian's Chromium and a CJK font for the console's browser tests (tests/test_console_browser.py
-# drives /usr/bin/chromium through playwright; playwright's own browser downloads are never used).
+# Debian's Chromium and a CJK font for the console's browser tests
+# (tests/agent/console/test_console_browser.py drives /usr/bin/chromium through playwright;
+# playwright's own browser downloads are never used).
 browser:
 	@command -v chromium >/dev/null && fc-list :lang=zh 2>/dev/null | grep -q . || { \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
@@ -90,8 +91,8 @@ $(KUBE_STAMP): $(KUBE_DIR)/go.mod $(KUBE_DIR)/go.sum $(KUBE_DIR)/build.sh $(KUBE
 	$(KUBE_DIR)/build.sh
 	@touch $@
 
-# helm for tests/test_helm.py (helm lint, helm template of deploy/helm/trainmedic), built from its Go
-# module once per version into a cache directory (a few CPU-minutes the first time).
+# helm for tests/project/test_helm.py (helm lint, helm template of deploy/helm/trainmedic), built from
+# its Go module once per version into a cache directory (a few CPU-minutes the first time).
 HELM_VERSION := v3.19.0
 HELM_HOME    := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/trainmedic/helm-$(HELM_VERSION)
 

@@ -3,8 +3,8 @@
 agent/config.py documents every setting where it is defined (kopf's style: grouped, attribute by
 attribute). This module walks that model and writes the reference people read: one Markdown
 table per settings group with each field's type, default, environment variable and description.
-`trainmedic config reference` prints it, and docs/configuration.md is that output (tests/test_docs.py
-fails when the page is stale).
+`trainmedic config reference` prints it, and docs/configuration.md is that output
+(tests/project/test_docs.py fails when the page is stale).
 
 The walk is generic: a field whose type is a settings model is a group (its environment variables
 get one more `__` level); a list or map of models (notification sinks) is documented as an item

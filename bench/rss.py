@@ -3,7 +3,7 @@
     python -m bench.rss            (make bench runs it)
 
 The emulated API server (kmock: tests/servers/kube.py) holds 125 nodes with 8 GPUs each and 1,000
-running training pods of Jobs (the realistic pod of tests/watchers/test_k8s_digest.py).
+running training pods of Jobs (the realistic pod of tests/agent/watchers/test_k8s_digest.py).
 `trainmedic run --role all` (memory bus, the embedded default) starts against it from a
 kubeconfig, lists and watches pods, events, nodes and Jobs, and runs the brain over what it
 publishes. The figure is the agent process's VmRSS (from /proc) after the first lists and after a

@@ -159,7 +159,7 @@ class ProgressMatcher:
     keywords. Only the few lines holding a keyword are looked at, and only with the regexes of the
     markers those keywords gate, in the faster form `_accelerate` gives them. Both paths give the
     same result, and the same as `match_line` on every line that holds a keyword
-    (tests/test_hang.py checks them against each other on random input).
+    (tests/detectors/test_hang.py checks them against each other on random input).
 
     Only the *minimal* keywords (those containing no other keyword) are scanned for: a line holding
     "iteration" holds "iter", so "iteration" is checked with `in` on the lines where "iter" was

@@ -42,6 +42,7 @@ if [[ ! -f "$stamp" ]]; then
 fi
 echo "compat: Python $version ($best)"
 "$venv/bin/trainmedic" rules test                                          # the fast path
-"$venv/bin/python" -m pytest -q -p no:cacheprovider tests/test_shipped_rules.py tests/test_phase.py   # the re path
-"$venv/bin/python" -m pytest -q -p no:cacheprovider tests/test_hang.py \
+"$venv/bin/python" -m pytest -q -p no:cacheprovider \
+  tests/rules/test_shipped_rules.py tests/detectors/test_phase.py           # the re path
+"$venv/bin/python" -m pytest -q -p no:cacheprovider tests/detectors/test_hang.py \
   -k "marker_examples or fast_path_equals_re_path or batch_scan_equals"       # the markers' rewriter

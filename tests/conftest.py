@@ -17,7 +17,7 @@ from trainmedic.udal.registry import register
 FAKE_PLUGIN = ("fake", "trainmedic.udal.fake:FakePlugin")
 register(*FAKE_PLUGIN)
 
-# No on-disk compile cache unless a test asks for one (tests/test_cache.py): a test never reads an
+# No on-disk compile cache unless a test asks for one (tests/core/test_cache.py): a test never reads an
 # entry that an earlier test, or the developer's own runs, left behind.
 os.environ.setdefault("TRAINMEDIC_CACHE_DIR", "")
 
@@ -51,17 +51,18 @@ def fast_engine(shipped_ruleset: RuleSet) -> Engine:
 #  - any other module is one scope (its module-scoped fixtures: the Kafka and tansu brokers,
 #    Prometheus, a benchmark's figures, start once), except the modules in SPREAD: independent slow
 #    tests with nothing expensive shared, each its own scope.
-# Scopes go out in collection order (`--no-loadscope-reorder`), which starts the control plane early.
+# Scopes go out in collection order (`--no-loadscope-reorder`), and tests/realplane is collected first
+# (pytest_collection_modifyitems below), which starts the control plane early.
 REALPLANE = "tests/realplane/"
 OWN_PLANE = {"tests/realplane/test_bench.py", "tests/realplane/test_demo_real.py"}
 SPREAD = {
-    "tests/test_cache.py",
-    "tests/test_correlator.py",
-    "tests/test_demo.py",
-    "tests/test_diagnose_scene.py",
-    "tests/test_live_cli.py",
-    "tests/test_remediation_e2e.py",
-    "tests/test_run_roles.py",
+    "tests/agent/demo/test_demo.py",
+    "tests/agent/test_diagnose_scene.py",
+    "tests/agent/test_live_cli.py",
+    "tests/agent/test_remediation_e2e.py",
+    "tests/agent/test_run_roles.py",
+    "tests/core/test_cache.py",
+    "tests/detectors/test_correlator.py",
 }
 
 
@@ -73,6 +74,12 @@ def xdist_scope(nodeid: str) -> str:
     if module.startswith(REALPLANE):
         return REALPLANE
     return module
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """tests/realplane first, the rest in their own order: the real control plane (one scope, one worker)
+    starts while the other scopes run, though its folder sorts after most of the suite's."""
+    items.sort(key=lambda item: not item.nodeid.startswith(REALPLANE))
 
 
 def distinct_ids(ids: Sequence[str]) -> list[str]:
@@ -93,7 +100,7 @@ else:
 
     class SuiteScopeScheduling(LoadScopeScheduling):  # type: ignore[misc]  # pytest-xdist ships no type hints
         """loadscope with the scopes above. The scheduler keeps its books by test id, and schemathesis
-        gives every operation it fuzzes (tests/test_api_schemathesis.py) the same id: a repeated id gets
+        gives every operation it fuzzes (tests/agent/api/test_api_schemathesis.py) the same id: a repeated id gets
         a `#n` suffix here, so each of those tests is sent to a worker (the worker runs them by index)."""
 
         def add_node_collection(self, node: Any, collection: Sequence[str]) -> None:

@@ -1,5 +1,5 @@
 """Write deploy/helm/trainmedic/templates from the kustomize bases, so the chart renders the same
-objects as `kubectl kustomize` does (tests/test_helm.py compares them with a real `helm template`).
+objects as `kubectl kustomize` does (tests/project/test_helm.py compares them with a real `helm template`).
 
     python tools/helm_chart.py          # rewrite the templates
     python tools/helm_chart.py --check  # exit 1 when the templates differ from the bases

@@ -24,8 +24,8 @@ describes the call as a `_What` (resources) -> the blocking client runs in one o
 backoff and jitter, anything else is raised, typed, at once. A write of ours reads the object,
 computes a patch and writes it with the resourceVersion it read, reading again on a 409.
 
-The RBAC the deploy files grant is read from the code: tests/test_deploy.py and
-tests/test_deploy_allinone.py collect the `_What(verb, RESOURCE, ...)` of every module here.
+The RBAC the deploy files grant is read from the code: tests/project/test_deploy.py and
+tests/project/test_deploy_allinone.py collect the `_What(verb, RESOURCE, ...)` of every module here.
 
 This package re-exports the names the rest of trainmedic and its tests import from it.
 """

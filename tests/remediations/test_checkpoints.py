@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from paths import ROOT
 
 from trainmedic.models import I18nText
 from trainmedic.remediations.checkpoints import (
@@ -749,7 +750,7 @@ def test_root_as_str_and_path_agree(tmp_path: Path) -> None:
 # -- permissions ------------------------------------------------------------------------------------------
 
 
-_REPO = Path(__file__).resolve().parents[2]
+_REPO = ROOT
 _CHILD = """
 import json, os, sys
 from trainmedic.remediations.checkpoints import list_checkpoints

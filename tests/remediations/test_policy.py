@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from paths import DATA
 
 from trainmedic.detectors.diagnose import diagnose_text
 from trainmedic.detectors.engine import Engine
@@ -43,7 +44,7 @@ from trainmedic.remediations.policy import (
 )
 from trainmedic.remediations.policy_state import MemoryPolicyState, SqlitePolicyState
 
-CORPUS = Path(__file__).parent.parent / "data" / "real-logs.jsonl"
+CORPUS = DATA / "real-logs.jsonl"
 Q = ActionName.QUARANTINE_NODE
 R = ActionName.RESTART_FROM_CHECKPOINT
 M = ActionName.RAISE_MEMORY_LIMIT

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from paths import ROOT
 
 from trainmedic.remediations.policy_state import (
     MIGRATIONS,
@@ -118,7 +119,7 @@ def test_another_process_writes_while_one_is_open(tmp_path: Path) -> None:
             "    for i in range(20):\n"
             "        s.record('restart', 'job:train/a', float(sys.argv[2]) + i + 1)\n"
         )
-        root = Path(__file__).resolve().parents[2]
+        root = ROOT
         done = subprocess.run(
             [sys.executable, "-c", script, str(path), str(NOW)],
             cwd=root,

@@ -19,19 +19,19 @@ import time
 import urllib.parse
 from collections.abc import Callable
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from paths import GOLDEN as GOLDEN_ROOT
 
 from trainmedic.events import IncidentEvent, JobRef, LogBatch, make_event
 from trainmedic.models import I18nText, RootCause
 from trainmedic.reports import payloads as P
 from trainmedic.reports.notice import Notice, NoticeError, fault_severity, severity_for
 
-GOLDEN = Path(__file__).resolve().parent.parent / "golden" / "payloads"
+GOLDEN = GOLDEN_ROOT / "payloads"
 T0 = 1_700_000_000.0
 SOURCE = "trainmedic://cluster-a"
 

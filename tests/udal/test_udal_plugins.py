@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import tomllib
 from importlib.metadata import EntryPoint, entry_points
-from pathlib import Path
 
 import pytest
+from paths import ROOT
 
 from trainmedic.models import Action, Chip
 from trainmedic.udal import (
@@ -32,7 +32,6 @@ from trainmedic.udal.nvidia import NvidiaPlugin
 REAL = [NvidiaPlugin(), AscendPlugin(), CambriconPlugin()]
 # The test double, registered by tests/conftest.py rather than shipped as an entry point.
 FAKE = ("fake", "trainmedic.udal.fake:FakePlugin")
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize(

@@ -3,7 +3,7 @@ them (`PodDigest` -> `PodStatus`, `node_status`, `workload_status`, `k8s_event`)
 
 The reflectors' caches hold digests, not objects: for a pod, the fields a `PodStatus` carries
 (about 3 KB with its labels and its JobIndex entry, against 5-30 KB for the JSON object and several
-times that as Python dicts; tests/watchers/test_k8s_digest.py measures it).
+times that as Python dicts; tests/agent/watchers/test_k8s_digest.py measures it).
 """
 
 from __future__ import annotations
