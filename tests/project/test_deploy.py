@@ -526,9 +526,9 @@ def test_brain_rights_are_exactly_what_the_responder_uses() -> None:
     assert any("NODE_EVENT_NAMESPACE, body" in inspect.getsource(m) for m in kube_modules())
     needed.discard(("namespace", "", "events", "create"))
     needed.add(("cluster", "", "events", "create"))
-    # Stack dumps: remediations/stacks.py opens the exec WebSocket (a GET; authorized as `get`, and
+    # Stack dumps: remediations/stacks/ opens the exec WebSocket (a GET; authorized as `get`, and
     # from Kubernetes 1.35 also as `create`).
-    stacks = (ROOT / "remediations" / "stacks.py").read_text(encoding="utf-8")
+    stacks = "".join(p.read_text(encoding="utf-8") for p in sorted((ROOT / "remediations" / "stacks").glob("*.py")))
     assert "connect_get_namespaced_pod_exec" in stacks
     needed |= {("namespace", "", "pods/exec", "get"), ("namespace", "", "pods/exec", "create")}
     assert grants_of("trainmedic-brain") == needed
