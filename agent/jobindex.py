@@ -71,7 +71,7 @@ class PodInfo:
     rank: int | None
 
 
-def _get(obj: Mapping[str, Any] | None, *path: str) -> Any:
+def _get(obj: Any, *path: str) -> Any:
     cur: Any = obj
     for p in path:
         if not isinstance(cur, Mapping):

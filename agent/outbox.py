@@ -235,13 +235,7 @@ class Outbox:
             "AND p.state != ?) ORDER BY id LIMIT ?",
             (sink, ItemState.DELIVERED.value, since, ItemState.DEAD.value, limit),
         )
-        out = []
-        for row in rows:
-            try:
-                out.append(_item(row))
-            except NoticeError:
-                continue
-        return out
+        return _readable_items(rows)
 
     def delivered(self, ids: Iterable[int], *, now: float, detail: Mapping[str, Any] | None = None) -> None:
         """The items reached their sink (committed before the delivery is reported anywhere else)."""
@@ -316,13 +310,7 @@ class Outbox:
                 args.append(value)
         clause = f" WHERE {' AND '.join(where)}" if where else ""
         rows = self._read(f"SELECT {_COLUMNS} FROM outbox{clause} ORDER BY id", args)  # noqa: S608
-        out = []
-        for row in rows:
-            try:
-                out.append(_item(row))
-            except NoticeError:
-                continue
-        return out
+        return _readable_items(rows)
 
     def prune(self, before: float) -> int:
         """Forget delivered and dead items finished before `before`; how many were dropped."""
@@ -336,6 +324,17 @@ class Outbox:
 
 def _cut(text: str) -> str:
     return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 1] + "…"
+
+
+def _readable_items(rows: Iterable[tuple[Any, ...]]) -> list[OutboxItem]:
+    """The rows as items, passing over those whose notice cannot be read."""
+    out = []
+    for row in rows:
+        try:
+            out.append(_item(row))
+        except NoticeError:
+            continue
+    return out
 
 
 def _item(row: tuple[Any, ...]) -> OutboxItem:

@@ -617,14 +617,8 @@ class HangDetector:
     @staticmethod
     def _restart(job: _Job, t: float) -> None:
         """A run's banner: the job loads again (start-up bound), its cadence is learned anew."""
-        job.mode = _Mode.STARTUP
+        job.forget_steps()
         job.since = max(job.since, t)
-        job.anchor = None
-        job.max_step = None
-        job.max_step_parts = None
-        job.train_total = None
-        job.odd_streak = 0
-        job.phase = None
         job.phase_mark = max(job.phase_mark, t)
         job.intervals.clear()
         job.median = None

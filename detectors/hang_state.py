@@ -242,17 +242,21 @@ class _Job:
     util: dict[tuple[str | None, str | None], deque[tuple[float, float]]] = field(default_factory=dict)
     evidence: str = ""
 
-    def reset_progress(self, t: float) -> None:
-        """A restart: back to start-up; keep what was learned about the pace and the phases."""
+    def forget_steps(self) -> None:
+        """Back to start-up, no step seen and no phase open (a restart, a run's banner)."""
         self.mode = _Mode.STARTUP
-        self.streams.clear()
-        self.order.clear()
         self.anchor = None
         self.max_step = None
         self.max_step_parts = None
         self.train_total = None
         self.odd_streak = 0
         self.phase = None
+
+    def reset_progress(self, t: float) -> None:
+        """A restart: back to start-up; keep what was learned about the pace and the phases."""
+        self.forget_steps()
+        self.streams.clear()
+        self.order.clear()
         self.fired = False
         self.lone_reported.clear()
         self.since = t

@@ -25,7 +25,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from trainmedic.datafile import format_error, node_line, parse_yaml, read_data_file
+from trainmedic.datafile import format_error, node_line, parse_yaml, read_data_file, repeated_keys
 from trainmedic.errors import Problem, TrainmedicError
 from trainmedic.models import Chip, FaultClass, Finding, I18nText
 
@@ -228,22 +228,11 @@ def _compile(pattern: str) -> tuple[re.Pattern[str] | None, str | None]:
 
 def _duplicate_ids(root: Any, data: dict[str, Any], name: str) -> list[Problem]:
     """Ids used twice within `frameworks` or within `hints`, read from the raw document."""
-    problems: list[Problem] = []
-    for section in ("frameworks", "hints"):
-        items = data.get(section)
-        if not isinstance(items, list):
-            continue
-        seen: dict[str, int | None] = {}
-        for i, item in enumerate(items):
-            ident = item.get("id") if isinstance(item, dict) else None
-            if not isinstance(ident, str):
-                continue
-            line = node_line(root, [section, i, "id"])
-            if ident in seen:
-                problems.append(Problem(name, line, f"duplicate id {ident!r}, first defined at line {seen[ident]}"))
-            else:
-                seen[ident] = line
-    return problems
+    return [
+        Problem(name, line, f"duplicate id {ident!r}, first defined at line {first}")
+        for section in ("frameworks", "hints")
+        for ident, line, first in repeated_keys(root, data.get(section), section, "id", {})
+    ]
 
 
 def parse_hints(text: str, name: str) -> HintBook:

@@ -59,6 +59,26 @@ def node_line(node: yaml.Node | None, loc: Sequence[int | str]) -> int | None:
     return line
 
 
+def repeated_keys(
+    root: yaml.Node | None, items: Any, section: str, key: str, seen: dict[str, int | None]
+) -> list[tuple[str, int | None, int | None]]:
+    """The items of a list (the raw document's `section`) whose string `key` was seen before, in `seen`
+    (filled as it goes, so one `seen` can span sections): (value, its line, the line it was first at)."""
+    out: list[tuple[str, int | None, int | None]] = []
+    if not isinstance(items, list):
+        return out
+    for i, item in enumerate(items):
+        value = item.get(key) if isinstance(item, dict) else None
+        if not isinstance(value, str):
+            continue
+        line = node_line(root, [section, i, key])
+        if value in seen:
+            out.append((value, line, seen[value]))
+        else:
+            seen[value] = line
+    return out
+
+
 def fast_loader() -> type[yaml.SafeLoader]:
     """libyaml's safe loader when PyYAML was built with it: the pure-Python one is ~7 times slower."""
     import yaml

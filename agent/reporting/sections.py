@@ -44,6 +44,20 @@ from trainmedic.vendortext import elide, fill
 # Pieces of the context
 
 
+def _located(rc: Mapping[str, Any]) -> dict[str, Any]:
+    """What a root cause names and where it is, as both its stored forms hold it."""
+    return {
+        "fault_class": _str(rc.get("fault_class")),
+        "chip": _str(rc.get("chip")),
+        "code": _str(rc.get("code")),
+        "vendor_action": _str(rc.get("vendor_action")),
+        "action": _str(rc.get("action")),
+        "node": _str(rc.get("node")),
+        "device": _str(rc.get("device")),
+        "rank": _int(rc.get("rank")),
+    }
+
+
 def _root_cause(incident: Incident, scene_findings: Mapping[str, Any] | None) -> dict[str, Any] | None:
     diag = incident.stored_diagnosis()
     rc = diag.get("root_cause") if diag is not None else None
@@ -52,14 +66,7 @@ def _root_cause(incident: Incident, scene_findings: Mapping[str, Any] | None) ->
         # Written before the catalog's placeholders were filled in: none shown raw.
         summary = {lang: elide(text) for lang, text in summary.items()}
         return {
-            "fault_class": _str(rc.get("fault_class")),
-            "chip": _str(rc.get("chip")),
-            "code": _str(rc.get("code")),
-            "vendor_action": _str(rc.get("vendor_action")),
-            "action": _str(rc.get("action")),
-            "node": _str(rc.get("node")),
-            "device": _str(rc.get("device")),
-            "rank": _int(rc.get("rank")),
+            **_located(rc),
             "ranks": [r for r in rc.get("ranks") or [] if isinstance(r, int)][:64],
             "nodes": [str(n) for n in rc.get("nodes") or []][:64],
             "severity": _str(rc.get("severity")),
@@ -76,14 +83,7 @@ def _root_cause(incident: Incident, scene_findings: Mapping[str, Any] | None) ->
     zh_doc = scene_findings.get("root_cause_zh")
     zh: Mapping[str, Any] = zh_doc if isinstance(zh_doc, Mapping) else en
     return {
-        "fault_class": _str(en.get("fault_class")),
-        "chip": _str(en.get("chip")),
-        "code": _str(en.get("code")),
-        "vendor_action": _str(en.get("vendor_action")),
-        "action": _str(en.get("action")),
-        "node": _str(en.get("node")),
-        "device": _str(en.get("device")),
-        "rank": _int(en.get("rank")),
+        **_located(en),
         "ranks": [],
         "nodes": [],
         "severity": None,

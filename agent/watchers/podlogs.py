@@ -43,7 +43,7 @@ from kubernetes import client as kclient
 from kubernetes.client.exceptions import ApiException
 
 from trainmedic.agent.bus.base import Bus
-from trainmedic.agent.jobindex import JobIndex, PodInfo, pod_info
+from trainmedic.agent.jobindex import JobIndex, PodInfo, _map, pod_info
 from trainmedic.agent.telemetry import Telemetry
 from trainmedic.agent.watchers.k8s import (
     PODS,
@@ -126,10 +126,6 @@ class ContainerState:
 def _t(v: Any) -> float | None:
     ns = parse_rfc3339_ns(v) if isinstance(v, str) else None
     return ns / 1e9 if ns is not None else None
-
-
-def _map(v: Any) -> Mapping[str, Any]:
-    return v if isinstance(v, Mapping) else {}
 
 
 def _id(v: Any) -> str | None:

@@ -253,6 +253,16 @@ def _read_json(entry: _Entry) -> tuple[object, _Reason | None]:
         return None, _Reason(f"{entry.name} is not valid JSON", f"{entry.name} 不是有效的 JSON")
 
 
+def _read_json_object(entry: _Entry) -> tuple[dict[str, object], _Reason | None]:
+    """A JSON file that must hold an object: the object, or why it cannot be had."""
+    data, problem = _read_json(entry)
+    if problem is not None:
+        return {}, problem
+    if not isinstance(data, dict):
+        return {}, _Reason(f"{entry.name} is not a JSON object", f"{entry.name} 不是 JSON 对象")
+    return data, None
+
+
 def _read_pointer(entry: _Entry) -> str | None:
     """A small text pointer file (`latest`, the Megatron tracker); None when unreadable or odd."""
     data = _read_bytes(entry.path, _MAX_POINTER_BYTES + 1)

@@ -28,6 +28,7 @@ from trainmedic.remediations.checkpoints.files import (
     _os_reason,
     _read_bytes,
     _read_json,
+    _read_json_object,
     _read_pointer,
     _Reason,
 )
@@ -167,11 +168,9 @@ def _trainer_step(entry: _Entry) -> int | _Reason:
             return _Reason(f"{_TRAINER_STATE} is not valid JSON", f"{_TRAINER_STATE} 不是有效的 JSON")
         m = _TRAINER_STEP_HEAD.search(head)
         return int(m.group(1)) if m else no_step
-    data, problem = _read_json(entry)
+    data, problem = _read_json_object(entry)
     if problem is not None:
         return problem
-    if not isinstance(data, dict):
-        return _Reason(f"{_TRAINER_STATE} is not a JSON object", f"{_TRAINER_STATE} 不是 JSON 对象")
     step = data.get("global_step")
     if not isinstance(step, int) or isinstance(step, bool) or step < 0:
         return no_step

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Callable
 
 from trainmedic.remediations.checkpoints.files import (
     _DCP_FILE_REF,
@@ -36,7 +37,7 @@ from trainmedic.remediations.checkpoints.files import (
     _missing,
     _os_reason,
     _read_bytes,
-    _read_json,
+    _read_json_object,
     _read_pointer,
     _Reason,
     _Scanner,
@@ -223,6 +224,15 @@ class _Walk:
             return sub, None
         return sub, _Reason(f"{e.name}/: {problem.en}", f"{e.name}/：{problem.zh}")
 
+    def _checked_sub(self, e: _Entry, acc: _Acc, check: Callable[[_Listing], _Reason | None]) -> _Reason | None:
+        """List a subdirectory and check it as `check` does; the reason, under its name, when it fails."""
+        sub, problem = self._sub(e, acc)
+        if problem is None:
+            problem = check(sub)
+            if problem is not None:
+                problem = _Reason(f"{e.name}/: {problem.en}", f"{e.name}/：{problem.zh}")
+        return problem
+
     def _hf(self, listing: _Listing, acc: _Acc, step: int | None) -> tuple[_Reason | None, int | None]:
         state = listing.file(_TRAINER_STATE)
         if state is None:
@@ -261,21 +271,13 @@ class _Walk:
         else:
             ds_tags = [e for e in listing.dirs() if _DS_TAG_NAME.match(e.name)]
         for entry in sorted(ds_tags, key=lambda e: e.name):
-            sub, problem = self._sub(entry, acc)
-            if problem is None:
-                problem = self._deepspeed(sub)
-                if problem is not None:
-                    problem = _Reason(f"{entry.name}/: {problem.en}", f"{entry.name}/：{problem.zh}")
+            problem = self._checked_sub(entry, acc, self._deepspeed)
             if problem is not None:
                 return problem, step
             weights = True
         for e in sorted(listing.dirs(), key=lambda e: e.name):
             if e.name.startswith("pytorch_model_fsdp") or _FSDP_OPTIM_DIR.match(e.name):
-                sub, problem = self._sub(e, acc)
-                if problem is None:
-                    problem = self._dcp(sub)
-                    if problem is not None:
-                        problem = _Reason(f"{e.name}/: {problem.en}", f"{e.name}/：{problem.zh}")
+                problem = self._checked_sub(e, acc, self._dcp)
                 if problem is not None:
                     return problem, step
                 if e.name.startswith("pytorch_model_fsdp"):
@@ -352,11 +354,9 @@ class _Walk:
             return _Reason(
                 "no mp_rank_* shard directories or metadata.json", "没有 mp_rank_* 分片目录，也没有 metadata.json"
             )
-        data, problem = _read_json(config)
+        data, problem = _read_json_object(config)
         if problem is not None:
             return problem
-        if not isinstance(data, dict):
-            return _Reason(f"{_MEGATRON_CONFIG} is not a JSON object", f"{_MEGATRON_CONFIG} 不是 JSON 对象")
         backend = data.get("sharded_backend")
         if (
             backend == "torch_dist"

@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from trainmedic.datafile import format_error, node_line, parse_yaml, read_data_file
+from trainmedic.datafile import format_error, node_line, parse_yaml, read_data_file, repeated_keys
 from trainmedic.errors import Problem, TrainmedicError
 from trainmedic.remediations.hints import HintBook, HintError, default_hints, load_hints
 from trainmedic.remediations.policy.core import Policy
@@ -47,37 +47,16 @@ def _clean_loc(loc: Sequence[int | str]) -> list[int | str]:
 
 def _ids(root: Any, data: Mapping[str, Any], name: str) -> list[Problem]:
     """Duplicate ids across rules and escalation rules, and repeated namespace entries."""
-    problems: list[Problem] = []
     seen: dict[str, int | None] = {}
-    for section in ("escalation", "rules"):
-        items = data.get(section)
-        if not isinstance(items, list):
-            continue
-        for i, item in enumerate(items):
-            ident = item.get("id") if isinstance(item, dict) else None
-            if not isinstance(ident, str):
-                continue
-            line = node_line(root, [section, i, "id"])
-            if ident in seen:
-                problems.append(
-                    Problem(name, line, f"duplicate id {ident!r}, first defined at line {seen[ident]}", ident)
-                )
-            else:
-                seen[ident] = line
-    matches: dict[str, int | None] = {}
-    namespaces = data.get("namespaces")
-    if isinstance(namespaces, list):
-        for i, item in enumerate(namespaces):
-            pattern = item.get("match") if isinstance(item, dict) else None
-            if not isinstance(pattern, str):
-                continue
-            line = node_line(root, ["namespaces", i, "match"])
-            if pattern in matches:
-                problems.append(
-                    Problem(name, line, f"namespace {pattern!r} is listed twice, first at line {matches[pattern]}")
-                )
-            else:
-                matches[pattern] = line
+    problems = [
+        Problem(name, line, f"duplicate id {ident!r}, first defined at line {first}", ident)
+        for section in ("escalation", "rules")
+        for ident, line, first in repeated_keys(root, data.get(section), section, "id", seen)
+    ]
+    problems.extend(
+        Problem(name, line, f"namespace {pattern!r} is listed twice, first at line {first}")
+        for pattern, line, first in repeated_keys(root, data.get("namespaces"), "namespaces", "match", {})
+    )
     return problems
 
 

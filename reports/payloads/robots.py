@@ -27,6 +27,7 @@ from trainmedic.reports.payloads.chat import (
     WECOM_MAX_BYTES,
     _bodies,
     _cut,
+    _Dialect,
     _field,
     _footer,
     _footer_ids,
@@ -96,16 +97,21 @@ def dingtalk_signed_url(url: str, secret: str, timestamp_ms: int) -> str:
     return f"{url}{sep}timestamp={int(timestamp_ms)}&sign={sign_q}"
 
 
+def _framed(ns: Sequence[Notice], langs: list[str], d: _Dialect, head: str, footer: str, sep: str, limit: int) -> str:
+    """Head, one body per language and footer joined by `sep`, the bodies sharing what is left of `limit`
+    bytes of UTF-8 (a markdown robot's message)."""
+    budget = limit - _utf8_len(head) - _utf8_len(footer) - 2 * _utf8_len(sep)
+    budget -= _utf8_len(_BOTH_SEP) * (len(langs) - 1)
+    return sep.join([head, _BOTH_SEP.join(_bodies(ns, langs, d, budget)), footer])
+
+
 def dingtalk_message(ns: Sequence[Notice], *, lang: str) -> dict[str, Any]:
     """msgtype markdown: `title` (the notification preview) and `text`."""
     langs, ns = _prepare(ns, lang)
     title = _titles(ns, langs)
     head = f"#### {_EMOJI.get(_top_severity(ns), '')} {title}"
     footer = f"###### {_footer(ns)}"
-    sep = "\n\n"
-    budget = DINGTALK_MAX_BYTES - _utf8_len(head) - _utf8_len(footer) - 2 * _utf8_len(sep)
-    budget -= _utf8_len(_BOTH_SEP) * (len(langs) - 1)
-    text = sep.join([head, _BOTH_SEP.join(_bodies(ns, langs, _DINGTALK, budget)), footer])
+    text = _framed(ns, langs, _DINGTALK, head, footer, "\n\n", DINGTALK_MAX_BYTES)
     return {"msgtype": "markdown", "markdown": {"title": clean_text(title, 100), "text": text}}
 
 
@@ -121,10 +127,7 @@ def wecom_message(ns: Sequence[Notice], *, lang: str) -> dict[str, Any]:
     colour = _WECOM_COLOUR.get(sev, "info")
     head = f'**<font color="{colour}">{_EMOJI.get(sev, "")} {_md_escape(_titles(ns, langs))}</font>**'
     footer = f'<font color="comment">{_footer(ns)}</font>'
-    sep = "\n"
-    budget = WECOM_MAX_BYTES - _utf8_len(head) - _utf8_len(footer) - 2 * _utf8_len(sep)
-    budget -= _utf8_len(_BOTH_SEP) * (len(langs) - 1)
-    content = sep.join([head, _BOTH_SEP.join(_bodies(ns, langs, _MD, budget)), footer])
+    content = _framed(ns, langs, _MD, head, footer, "\n", WECOM_MAX_BYTES)
     # The parts are budgeted; this is the guarantee.
     content = _cut(content, WECOM_MAX_BYTES, _utf8_len, TRUNCATED[langs[-1]])
     return {"msgtype": "markdown", "markdown": {"content": content}}

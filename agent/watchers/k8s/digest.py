@@ -13,14 +13,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from trainmedic.agent.jobindex import JobIndex, PodInfo, pod_info
+from trainmedic.agent.jobindex import JobIndex, PodInfo, _get, _map, pod_info
 from trainmedic.agent.watchers.k8s.objects import (
     PYTORCH_JOBS,
     VOLCANO_JOBS,
     ResourceSpec,
-    _get,
     _int,
-    _map,
     _str,
     _str_map,
     _time_s,

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainmedic.agent.bus.base import Bus
-from trainmedic.agent.jobindex import JobIndex
+from trainmedic.agent.jobindex import JobIndex, _get, _map
 from trainmedic.agent.telemetry import Telemetry
 from trainmedic.agent.watchers.k8s.digest import (
     PodDigest,
@@ -36,9 +36,7 @@ from trainmedic.agent.watchers.k8s.objects import (
     RESOURCES,
     WORKLOAD_RESOURCES,
     ResourceSpec,
-    _get,
     _int,
-    _map,
     _str,
     object_key,
     resource_spec,

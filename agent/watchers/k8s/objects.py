@@ -16,20 +16,8 @@ from typing import Any, Literal
 from trainmedic.timefmt import parse_rfc3339_ns
 
 # ------------------------------------------------------------------------------------------------
-# Small parsing helpers (objects are the API's JSON: nothing is trusted to have the right type)
-
-
-def _get(obj: Any, *path: str) -> Any:
-    cur = obj
-    for p in path:
-        if not isinstance(cur, Mapping):
-            return None
-        cur = cur.get(p)
-    return cur
-
-
-def _map(v: Any) -> Mapping[str, Any]:
-    return v if isinstance(v, Mapping) else {}
+# Small parsing helpers (objects are the API's JSON: nothing is trusted to have the right type; `_get`
+# and `_map` are the pod index's, agent/jobindex.py)
 
 
 def _str(v: Any) -> str | None:

@@ -30,6 +30,7 @@ from typing import Any, Literal
 from kubernetes import client as kclient
 from kubernetes.client.exceptions import ApiException
 
+from trainmedic.agent.jobindex import _get, _map
 from trainmedic.agent.telemetry import Telemetry
 from trainmedic.agent.watchers.k8s.errors import (
     MissingResource,
@@ -42,9 +43,7 @@ from trainmedic.agent.watchers.k8s.errors import (
 from trainmedic.agent.watchers.k8s.objects import (
     LabelSelector,
     ResourceSpec,
-    _get,
     _int,
-    _map,
     _str,
     _str_map,
     object_key,

@@ -23,7 +23,8 @@ batch is published once per job with pods here (`JobIndex.jobs_on_node`), as cop
 with the same `id` (consumers de-duplicate by id), or once keyed by the node when no job runs here.
 
 The parts: `publish` (what the sources share: the line limits, `KernelSourceUnavailable`, the boot
-time and id, and `_Publisher`, which batches lines into bus events), `kmsg` (`KmsgSource`: /dev/kmsg
+time and id, `_Publisher`, which batches lines into bus events, and `_KernelSource`, the telemetry and
+publisher every source holds), `kmsg` (`KmsgSource`: /dev/kmsg
 records), `file` (`KernelFileSource`: a kernel log file followed), `journald` (`JournaldSource`:
 `journalctl -k -f`). This package re-exports what the rest of trainmedic and its tests import.
 """

@@ -22,7 +22,7 @@ from trainmedic.agent.watchers.follow import (
     Rfc3339,
     StartAt,
 )
-from trainmedic.agent.watchers.kernel.publish import MAX_KERNEL_LINE, _cap, _Publisher
+from trainmedic.agent.watchers.kernel.publish import MAX_KERNEL_LINE, _cap, _KernelSource
 from trainmedic.backoff import Backoff, poll_forever
 
 log = logging.getLogger("trainmedic.watchers.kernel")
@@ -31,7 +31,7 @@ log = logging.getLogger("trainmedic.watchers.kernel")
 # -- a kernel log file -------------------------------------------------------------------------------
 
 
-class KernelFileSource:
+class KernelFileSource(_KernelSource):
     """A syslog-written kernel log (kern.log, messages), followed across rotation and truncation.
 
     Lines are published as they are in the file (with their syslog prefix). `times` are the
@@ -64,19 +64,8 @@ class KernelFileSource:
         self.poll_interval = poll_interval
         self.rotate_wait = rotate_wait
         self.read_budget = read_budget
-        self.telemetry = telemetry
         self.positions = PositionSaver.at(position_store, position_flush_interval, self.SOURCE, telemetry)
-        self.publisher = _Publisher(
-            source=self.SOURCE,
-            bus=bus,
-            node=node,
-            job_index=job_index,
-            telemetry=telemetry,
-            producer=producer,
-            batch_lines=batch_lines,
-            batch_bytes=batch_bytes,
-            batch_linger=0.0,
-        )
+        super().__init__(bus, node, job_index, telemetry, producer, batch_lines, batch_bytes, 0.0)
         self.follower: FileFollower | None = None
         self._inflight: asyncio.Future[ReadResult] | None = None
         self._ts = Rfc3339()

@@ -22,7 +22,7 @@ from trainmedic.agent.watchers.kernel.publish import (
     KernelSourceUnavailable,
     _cap,
     _Chunk,
-    _Publisher,
+    _KernelSource,
     _together,
     record_lines,
 )
@@ -74,7 +74,7 @@ def parse_journal_entry(line: bytes | str) -> JournalEntry | None:
     return JournalEntry(message, t, cursor if isinstance(cursor, str) else None)
 
 
-class JournaldSource:
+class JournaldSource(_KernelSource):
     """Kernel messages from the systemd journal, through `journalctl -k -f -o json`.
 
     `command`: the journalctl executable (and any leading arguments). `start_at`: "start" reads the
@@ -109,22 +109,12 @@ class JournaldSource:
             raise ValueError("command must name the journalctl executable")
         self.command = list(command)
         self.start_at = start_at
-        self.telemetry = telemetry
         self.backoff_initial = backoff_initial
         self.backoff_max = backoff_max
         self.max_entry_bytes = max_entry_bytes
         self.positions = PositionSaver.at(position_store, position_flush_interval, self.SOURCE, telemetry)
-        self.publisher = _Publisher(
-            source=self.SOURCE,
-            bus=bus,
-            node=node,
-            job_index=job_index,
-            telemetry=telemetry,
-            producer=producer,
-            batch_lines=batch_lines,
-            batch_bytes=batch_bytes,
-            batch_linger=batch_linger,
-            on_published=self._published,
+        super().__init__(
+            bus, node, job_index, telemetry, producer, batch_lines, batch_bytes, batch_linger, self._published
         )
         self.cursor: str | None = None
         self.restarts = 0

@@ -24,7 +24,7 @@ from trainmedic.agent.watchers.kernel.publish import (
     KernelSourceUnavailable,
     _cap,
     _Chunk,
-    _Publisher,
+    _KernelSource,
     boot_time,
     read_boot_id,
     record_lines,
@@ -121,7 +121,7 @@ def _open_kmsg(path: str) -> KmsgFile:
     return open(path, "rb", buffering=0)
 
 
-class KmsgSource:
+class KmsgSource(_KernelSource):
     """Kernel records from /dev/kmsg.
 
     `opener(path)` opens the device (a regular file or FIFO in kmsg format works too; tests pass a
@@ -155,22 +155,12 @@ class KmsgSource:
         self.path = os.fspath(path)
         self.opener = opener
         self.start_at = start_at
-        self.telemetry = telemetry
         self.boot_time = boot_time
         self.boot_id = boot_id
         self.poll_timeout = poll_timeout
         self.positions = PositionSaver.at(position_store, position_flush_interval, self.SOURCE, telemetry)
-        self.publisher = _Publisher(
-            source=self.SOURCE,
-            bus=bus,
-            node=node,
-            job_index=job_index,
-            telemetry=telemetry,
-            producer=producer,
-            batch_lines=batch_lines,
-            batch_bytes=batch_bytes,
-            batch_linger=batch_linger,
-            on_published=self._published,
+        super().__init__(
+            bus, node, job_index, telemetry, producer, batch_lines, batch_bytes, batch_linger, self._published
         )
         self.missed = 0  # records overwritten before they could be read
         self.malformed = 0

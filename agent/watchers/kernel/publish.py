@@ -1,6 +1,6 @@
 """What the kernel sources share: the line limits and escapes, `KernelSourceUnavailable`, the boot
-time and boot id, and `_Publisher`, which batches the lines read into bus events for the jobs on
-the node.
+time and boot id, `_Publisher`, which batches the lines read into bus events for the jobs on the
+node, and `_KernelSource`, what every source holds (its telemetry and publisher).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import ClassVar
 
 from trainmedic.agent.bus.base import Bus
 from trainmedic.agent.jobindex import JobIndex
@@ -184,6 +185,38 @@ class _Publisher:
         self.publish_errors += 1
         self.telemetry.watch_errors.labels(source=self.source, kind="publish").inc()
         log.warning("publishing kernel lines failed (%s); retrying in %.1f s", e, delay)
+
+
+class _KernelSource:
+    """What every kernel source holds: its telemetry and its publisher."""
+
+    SOURCE: ClassVar[str]
+
+    def __init__(
+        self,
+        bus: Bus,
+        node: str,
+        job_index: JobIndex,
+        telemetry: Telemetry,
+        producer: str,
+        batch_lines: int,
+        batch_bytes: int,
+        batch_linger: float,
+        on_published: Callable[[object], Awaitable[None]] | None = None,
+    ) -> None:
+        self.telemetry = telemetry
+        self.publisher = _Publisher(
+            source=self.SOURCE,
+            bus=bus,
+            node=node,
+            job_index=job_index,
+            telemetry=telemetry,
+            producer=producer,
+            batch_lines=batch_lines,
+            batch_bytes=batch_bytes,
+            batch_linger=batch_linger,
+            on_published=on_published,
+        )
 
 
 async def _together(*coros: Awaitable[None]) -> None:
