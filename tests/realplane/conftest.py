@@ -1,6 +1,8 @@
 """The real control plane (tests/servers/kubeplane.py), started once for the whole realplane session,
 with the shipped deploy/ RBAC applied as is, a `training` namespace for the jobs and the Volcano Job
-and Kubeflow PyTorchJob CRDs as their projects publish them (tests/cluster/crds/)."""
+and Kubeflow PyTorchJob CRDs as their projects publish them (tests/cluster/crds/); the real Kubeflow
+training-operator (tests/servers/operators.py) as a process of that plane from the first test that
+needs it to the end of the session."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import pytest
 import pytest_asyncio
 import yaml
 from servers.kubeplane import KubePlane, require_plane
+from servers.operators import TrainingOperator, require_training_operator
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY_RBAC = (
@@ -44,6 +47,37 @@ def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KubePlane]:
         yield p
     finally:
         p.stop()
+
+
+@pytest.fixture(scope="session")
+def training_operator(plane: KubePlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TrainingOperator]:
+    """The real training-operator reconciling PyTorchJobs on the session's plane (its pods, their
+    Services, the job's status); a test that needs it fails under CI=true where it is not built."""
+    require_training_operator()
+    op = TrainingOperator(plane, tmp_path_factory.mktemp("training-operator"))
+    try:
+        op.start()
+        yield op
+    finally:
+        op.stop()
+
+
+@pytest.fixture
+def controller(request: pytest.FixtureRequest, plane: KubePlane, kind: str) -> Iterator[Any]:
+    """The controller of a custom workload `kind` (a test parameter): the real training-operator for
+    PyTorchJobs; the test stand-in (standin.py) for Volcano Jobs. Either has `errors`, empty when
+    it did its work without one."""
+    if kind == "pytorchjob":
+        yield request.getfixturevalue("training_operator")
+        return
+    from .standin import VolcanoStandin
+
+    c = VolcanoStandin(plane, [TRAINING])
+    c.start()
+    try:
+        yield c
+    finally:
+        c.stop()
 
 
 @pytest_asyncio.fixture

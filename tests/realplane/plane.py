@@ -194,6 +194,18 @@ def running_on(plane: KubePlane, job: dict[str, Any], n: int) -> list[str] | Non
     return sorted(p["spec"]["nodeName"] for p in running)
 
 
+def owned_pods(plane: KubePlane, obj: dict[str, Any]) -> list[dict[str, Any]]:
+    """The pods (not being deleted) a workload is the controller of, by its ownerReferences."""
+    uid = obj["metadata"]["uid"]
+    pods = plane.request("GET", f"/api/v1/namespaces/{TRAINING}/pods")["items"]
+    return [
+        p
+        for p in pods
+        if not p["metadata"].get("deletionTimestamp")
+        and any(r.get("uid") == uid and r.get("controller") for r in p["metadata"].get("ownerReferences") or [])
+    ]
+
+
 def has_taint(plane: KubePlane, node: str, key: str) -> bool:
     taints = (plane.node(node).get("spec") or {}).get("taints") or []
     return any(t.get("key") == key for t in taints)
@@ -411,6 +423,7 @@ __all__ = [
     "XID79",
     "Agents",
     "clean",
+    "owned_pods",
     "post_node_addresses",
     "start_agents",
 ]
