@@ -147,6 +147,28 @@ async def test_a_failed_node_recreates_the_workload_from_its_checkpoint_on_healt
             "nodeSelectorTerms"
         ]
         assert {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": [bad]} in term["matchExpressions"]
+        if kind == "pytorchjob":
+            # The replacement is the operator's again: its env (the demo emulator writes the same,
+            # tests/watchers/test_demo_standin.py) besides trainmedic's, one rank per replica.
+            rank = "0" if p["metadata"]["labels"]["training.kubeflow.org/replica-type"] == "master" else "1"
+            assert env.items() >= pytorch_env("llm", rank, world=2).items()
+
+
+def pytorch_env(job: str, rank: str, *, world: int) -> dict[str, str]:
+    """What training-operator v1.8.1 writes into a container of a PyTorchJob with a Master."""
+    master = f"{job}-master-0"
+    return {
+        "PYTHONUNBUFFERED": "1",
+        "MASTER_PORT": "23456",
+        "PET_MASTER_PORT": "23456",
+        "MASTER_ADDR": master,
+        "PET_MASTER_ADDR": master,
+        "WORLD_SIZE": str(world),
+        "RANK": rank,
+        "PET_NODE_RANK": rank,
+        "PET_NPROC_PER_NODE": "auto",
+        "PET_NNODES": str(world),
+    }
 
 
 @pytest.mark.parametrize("kind", list(CUSTOM_KINDS))
