@@ -30,7 +30,7 @@ KUBE_DIR     := tests/cluster
 KUBE_VERSION := $(shell awk '$$1 == "k8s.io/kubernetes" { print $$2 } $$1 == "require" && $$2 == "k8s.io/kubernetes" { print $$3 }' $(KUBE_DIR)/go.mod)
 KUBE_HOME    := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/trainmedic/kube-$(KUBE_VERSION)
 KUBE_INPUTS  := $(KUBE_DIR)/go.mod $(KUBE_DIR)/go.sum $(KUBE_DIR)/build.sh $(KUBE_DIR)/etcd/main.go \
-                $(KUBE_DIR)/operators/go.mod $(KUBE_DIR)/operators/go.sum
+                $(KUBE_DIR)/training-operator/go.mod $(KUBE_DIR)/training-operator/go.sum
 KUBE_STAMP   := $(KUBE_HOME)/bin/.built-$(shell cat $(KUBE_INPUTS) | sha256sum | cut -c1-12)
 
 .PHONY: all venv servers browser kafka cluster helm check lint types test compat demo bench soak clean
@@ -80,7 +80,7 @@ $(KAFKA_STAMP):
 
 # kube-apiserver, kube-controller-manager and kube-scheduler from k8s.io/kubernetes, etcd at the
 # version that release uses, and KWOK, with `go build` (about 10 CPU-minutes the first time), and the
-# Kubeflow training-operator from its module (tests/cluster/operators: about 2 CPU-minutes more;
+# Kubeflow training-operator from its module (tests/cluster/training-operator: about 2 CPU-minutes more;
 # openssl, which the tests make their certificates with, is installed from Debian when missing).
 cluster: $(KUBE_STAMP)
 

@@ -4,7 +4,7 @@
 # k8s.io/kubernetes, etcd at the version that release uses (./etcd), and KWOK for the fake nodes,
 # into a cache directory keyed by version:
 #   ${XDG_CACHE_HOME:-~/.cache}/trainmedic/kube-<version>/bin
-# and the Kubeflow Training Operator (./operators: its own module, at the version it pins), into a
+# and the Kubeflow Training Operator (./training-operator: its own module, at the version it pins), into a
 # cache directory of its own keyed by that version:
 #   ${XDG_CACHE_HOME:-~/.cache}/trainmedic/training-operator-<version>/bin
 # Idempotent: a binary already there is not rebuilt. Prints the (Kubernetes) bin directory on success.
@@ -42,13 +42,13 @@ fi
 # The Kubeflow Training Operator's manager (cmd/training-operator.v1), for the PyTorchJobs of the
 # realplane tests (tests/servers/operators.py). Its own module, as it needs client-go and
 # controller-runtime at the versions it was released with, not the ones k8s.io/kubernetes uses.
-op_version=$(awk '$1 == "github.com/kubeflow/training-operator" { print $2 } $1 == "require" && $2 == "github.com/kubeflow/training-operator" { print $3 }' "$here/operators/go.mod")
-[ -n "$op_version" ] || { echo "build.sh: no github.com/kubeflow/training-operator requirement in $here/operators/go.mod" >&2; exit 1; }
+op_version=$(awk '$1 == "github.com/kubeflow/training-operator" { print $2 } $1 == "require" && $2 == "github.com/kubeflow/training-operator" { print $3 }' "$here/training-operator/go.mod")
+[ -n "$op_version" ] || { echo "build.sh: no github.com/kubeflow/training-operator requirement in $here/training-operator/go.mod" >&2; exit 1; }
 op_bin=${XDG_CACHE_HOME:-$HOME/.cache}/trainmedic/training-operator-$op_version/bin
 if [ ! -x "$op_bin/training-operator" ]; then
 	echo "building training-operator $op_version" >&2
 	mkdir -p "$op_bin"
-	(cd "$here/operators" && go build -trimpath -ldflags "-s -w" -o "$op_bin/training-operator.tmp" \
+	(cd "$here/training-operator" && go build -trimpath -ldflags "-s -w" -o "$op_bin/training-operator.tmp" \
 		github.com/kubeflow/training-operator/cmd/training-operator.v1)
 	mv "$op_bin/training-operator.tmp" "$op_bin/training-operator"
 fi

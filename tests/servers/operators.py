@@ -1,12 +1,12 @@
 """The real Kubeflow Training Operator on the real control plane (tests/servers/kubeplane.py).
 
 Its manager, `cmd/training-operator.v1` of github.com/kubeflow/training-operator at the version
-tests/cluster/operators/go.mod pins (built by tests/cluster/build.sh, `make cluster`, into
+tests/cluster/training-operator/go.mod pins (built by tests/cluster/build.sh, `make cluster`, into
 `${XDG_CACHE_HOME:-~/.cache}/trainmedic/training-operator-<version>/bin`), runs as a process of the
 plane, the way its own manifests deploy it as far as a plane without kubelets allows:
 
 - as its ServiceAccount `kubeflow/training-operator`, bound to the ClusterRole the project publishes
-  (tests/cluster/operators/training-operator.yaml, transcribed from its v1.8.1 manifests), with a
+  (tests/cluster/training-operator/training-operator.yaml, transcribed from its v1.8.1 manifests), with a
   token from the TokenRequest API in its kubeconfig: what it may do is what that role says;
 - with only the PyTorchJob controller (`--enable-scheme=pytorchjob`), no gang scheduler (no
   `--gang-scheduler-name`: the stock scheduler places the pods), no leader election, and its
@@ -56,7 +56,7 @@ from trainmedic.agent.demo.plane import ROOT, KubePlane, Proc, free_port
 
 from .kubeplane import in_ci
 
-OPERATORS = ROOT / "tests" / "cluster" / "operators"
+OPERATORS = ROOT / "tests" / "cluster" / "training-operator"
 MANIFEST = OPERATORS / "training-operator.yaml"
 MODULE = "github.com/kubeflow/training-operator"
 NAMESPACE = "kubeflow"

@@ -1,4 +1,4 @@
-module trainmedic.test/cluster/operators
+module trainmedic.test/cluster/training-operator
 
 go 1.22
 
