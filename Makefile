@@ -7,7 +7,8 @@
 #   make kafka   Apache Kafka's jars for the bus tests, once per version (make test does it)
 #   make cluster the real Kubernetes control plane for tests/realplane (kube-apiserver,
 #                kube-controller-manager, kube-scheduler, etcd and KWOK built with Go) and the
-#                Kubeflow training-operator, once per version (make test does it)
+#                workload controllers run on it (the Kubeflow training-operator, Volcano's
+#                vc-controller-manager and vc-scheduler), once per version (make test does it)
 #   make helm    helm built from its Go module, for the chart's tests, once per version (make test does it)
 #   make bench   throughput and latency figures as one JSON object (bench/results.json)
 #   make soak    the daemon under sustained load (bench/soak.py): RSS slope, loop lag, state gauges
@@ -30,7 +31,8 @@ KUBE_DIR     := tests/cluster
 KUBE_VERSION := $(shell awk '$$1 == "k8s.io/kubernetes" { print $$2 } $$1 == "require" && $$2 == "k8s.io/kubernetes" { print $$3 }' $(KUBE_DIR)/go.mod)
 KUBE_HOME    := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/trainmedic/kube-$(KUBE_VERSION)
 KUBE_INPUTS  := $(KUBE_DIR)/go.mod $(KUBE_DIR)/go.sum $(KUBE_DIR)/build.sh $(KUBE_DIR)/etcd/main.go \
-                $(KUBE_DIR)/training-operator/go.mod $(KUBE_DIR)/training-operator/go.sum
+                $(KUBE_DIR)/training-operator/go.mod $(KUBE_DIR)/training-operator/go.sum \
+                $(KUBE_DIR)/volcano/go.mod $(KUBE_DIR)/volcano/go.sum
 KUBE_STAMP   := $(KUBE_HOME)/bin/.built-$(shell cat $(KUBE_INPUTS) | sha256sum | cut -c1-12)
 
 .PHONY: all venv servers browser kafka cluster helm check lint types test compat demo bench soak clean
@@ -80,8 +82,9 @@ $(KAFKA_STAMP):
 
 # kube-apiserver, kube-controller-manager and kube-scheduler from k8s.io/kubernetes, etcd at the
 # version that release uses, and KWOK, with `go build` (about 10 CPU-minutes the first time), and the
-# Kubeflow training-operator from its module (tests/cluster/training-operator: about 2 CPU-minutes more;
-# openssl, which the tests make their certificates with, is installed from Debian when missing).
+# workload controllers from their own modules (tests/cluster/training-operator, tests/cluster/volcano:
+# about 5.5 CPU-minutes more; openssl, which the tests make their certificates with, is installed
+# from Debian when missing).
 cluster: $(KUBE_STAMP)
 
 $(KUBE_STAMP): $(KUBE_INPUTS)

@@ -4,9 +4,12 @@
 # k8s.io/kubernetes, etcd at the version that release uses (./etcd), and KWOK for the fake nodes,
 # into a cache directory keyed by version:
 #   ${XDG_CACHE_HOME:-~/.cache}/trainmedic/kube-<version>/bin
-# and the Kubeflow Training Operator (./training-operator: its own module, at the version it pins), into a
-# cache directory of its own keyed by that version:
+# and the workload controllers the realplane tests run on that plane (tests/servers/operators.py),
+# each from a module of its own at the version it pins, into a cache directory keyed by that version:
+# the Kubeflow Training Operator (./training-operator)
 #   ${XDG_CACHE_HOME:-~/.cache}/trainmedic/training-operator-<version>/bin
+# and Volcano's vc-controller-manager and vc-scheduler (./volcano)
+#   ${XDG_CACHE_HOME:-~/.cache}/trainmedic/volcano-<version>/bin
 # Idempotent: a binary already there is not rebuilt. Prints the (Kubernetes) bin directory on success.
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
@@ -51,6 +54,22 @@ if [ ! -x "$op_bin/training-operator" ]; then
 	(cd "$here/training-operator" && go build -trimpath -ldflags "-s -w" -o "$op_bin/training-operator.tmp" \
 		github.com/kubeflow/training-operator/cmd/training-operator.v1)
 	mv "$op_bin/training-operator.tmp" "$op_bin/training-operator"
+fi
+# Volcano's job controllers and its scheduler (vc-scheduler: the job controller creates a job's pods
+# only once the scheduler has put its PodGroup in the queue). A module of its own as well: Volcano
+# requires k8s.io/kubernetes v1.30 and replaces the staging modules with their v0.30. One `go build`
+# for both, which share most of their packages.
+vc_version=$(awk '$1 == "volcano.sh/volcano" { print $2 } $1 == "require" && $2 == "volcano.sh/volcano" { print $3 }' "$here/volcano/go.mod")
+[ -n "$vc_version" ] || { echo "build.sh: no volcano.sh/volcano requirement in $here/volcano/go.mod" >&2; exit 1; }
+vc_bin=${XDG_CACHE_HOME:-$HOME/.cache}/trainmedic/volcano-$vc_version/bin
+if [ ! -x "$vc_bin/vc-controller-manager" ] || [ ! -x "$vc_bin/vc-scheduler" ]; then
+	echo "building vc-controller-manager and vc-scheduler $vc_version" >&2
+	rm -rf "$vc_bin.tmp" && mkdir -p "$vc_bin.tmp" "$vc_bin"
+	(cd "$here/volcano" && go build -trimpath -ldflags "-s -w" -o "$vc_bin.tmp/" \
+		volcano.sh/volcano/cmd/controller-manager volcano.sh/volcano/cmd/scheduler)
+	mv "$vc_bin.tmp/controller-manager" "$vc_bin/vc-controller-manager"
+	mv "$vc_bin.tmp/scheduler" "$vc_bin/vc-scheduler"
+	rmdir "$vc_bin.tmp"
 fi
 # KWOK's stock stages (the ones kwokctl gives its clusters), from KWOK's own module: node
 # initialisation, the heartbeat that goes with node leases, pods made ready and deleted. Not its

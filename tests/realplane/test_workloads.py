@@ -2,14 +2,15 @@
 
 Their CRDs are the ones the projects publish (tests/cluster/crds/, installed by conftest.py); the
 API server validates, defaults and stores the objects, serves their status subresource and the real
-garbage collector removes their pods when they are deleted. A PyTorchJob's pods, their Services and
-its status are the real Kubeflow training-operator's work (tests/servers/operators.py); a Volcano
-Job's pods and status are the test stand-in's (standin.py). The agent runs as deployed (its
-ServiceAccounts, the shipped RBAC).
+garbage collector removes their pods when they are deleted. Their own controllers run on the plane
+(tests/servers/operators.py): a PyTorchJob's pods, their Services and its status are the real
+Kubeflow training-operator's work; a Volcano Job's PodGroup, pods and status are Volcano's job
+controller's, and its scheduler binds the pods. The agent runs as deployed (its ServiceAccounts,
+the shipped RBAC).
 
 Xid 79 on the node of a workload's first pod, or that node lost (its KWOK stops; the real node
 lifecycle controller taints it unreachable): the scene is saved, the node quarantined (the real
-scheduler then keeps the replacement's pods off it), the workload deleted and recreated from its
+schedulers then keep the replacement's pods off it), the workload deleted and recreated from its
 checkpoint under the same name, and its new pods run on healthy KWOK nodes.
 """
 
@@ -128,7 +129,7 @@ async def test_a_failed_node_recreates_the_workload_from_its_checkpoint_on_healt
     paths = {f["path"] for f in manifest["files"]}
     assert "objects/workload.yaml" in paths and "checkpoints.json" in paths
     assert {p["name"] for p in manifest["pods"]} >= {f"llm-{'worker' if kind == 'volcano' else 'master'}-0"}
-    # The node is quarantined, and the real scheduler placed the new pods elsewhere.
+    # The node is quarantined, and the real scheduler (the stock one, or Volcano's) placed the new pods elsewhere.
     assert has_taint(plane, bad, TAINT_KEY)
     assert bad not in nodes and len(set(nodes)) == 2
     ann = new["metadata"]["annotations"]

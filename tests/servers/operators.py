@@ -1,6 +1,10 @@
-"""The real Kubeflow Training Operator on the real control plane (tests/servers/kubeplane.py).
+"""The real workload controllers on the real control plane (tests/servers/kubeplane.py): the Kubeflow
+Training Operator for PyTorchJobs, and Volcano's job controllers with its scheduler for Volcano Jobs.
+Each is built by tests/cluster/build.sh (`make cluster`) from a Go module of its own at the version
+it pins, runs as processes of the plane (they stop with it) under its own ServiceAccounts, bound to
+the ClusterRoles the project publishes, and without its admission webhooks (see below why).
 
-Its manager, `cmd/training-operator.v1` of github.com/kubeflow/training-operator at the version
+The Training Operator. Its manager, `cmd/training-operator.v1` of github.com/kubeflow/training-operator at the version
 tests/cluster/training-operator/go.mod pins (built by tests/cluster/build.sh, `make cluster`, into
 `${XDG_CACHE_HOME:-~/.cache}/trainmedic/training-operator-<version>/bin`), runs as a process of the
 plane, the way its own manifests deploy it as far as a plane without kubelets allows:
@@ -35,10 +39,33 @@ all the same:
   after 8 to 17 minutes without it (ten tries, backing off from 1 s). It only looks for the file,
   never reads it: a copy of the self-signed certificate is put there when it is missing (several
   planes on one machine share it).
+
+Volcano. vc-controller-manager and vc-scheduler of volcano.sh/volcano at the version
+tests/cluster/volcano/go.mod pins (into `.../trainmedic/volcano-<version>/bin`), as its development
+manifest (installer/volcano-development.yaml, the Helm chart rendered) deploys them, less what a
+plane without kubelets and Service routing cannot have:
+
+- as the ServiceAccounts `volcano-system/volcano-controllers` and `volcano-system/volcano-scheduler`,
+  bound to the project's ClusterRoles (tests/cluster/volcano/volcano.yaml), the scheduler with the
+  published scheduler configuration (`volcano-scheduler.conf` of that file's ConfigMap), no leader
+  election, health and metrics on free loopback ports;
+- the CRDs they need besides the Job's (PodGroup, Queue, Command, Numatopology:
+  tests/cluster/volcano/crds/); the scheduler creates the `default` Queue, as it does when deployed;
+- the job controller, the PodGroup, Queue and garbage-collection controllers
+  (`--controllers=job-controller,pg-controller,queue-controller,gc-controller`): not the JobFlow
+  and JobTemplate ones (the default, `*`, has them too), whose CRDs trainmedic has nothing to do with;
+- the scheduler is needed, not only wanted: the job controller creates a job's pods only once its
+  PodGroup has left `Pending`, which the scheduler's enqueue action does; it then binds the pods
+  (the job's `schedulerName: volcano`), with the published plugins (gang, predicates: taints, node
+  affinity, unschedulable nodes...);
+- no vc-webhook-manager: its webhooks too are reached through a Service in the deployment, and its
+  mutating ones are what fills a Job's defaults (queue, schedulerName, minAvailable, maxRetry, task
+  names); the test jobs give those fields themselves, and nothing validates a Job beyond its schema.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import subprocess
@@ -46,6 +73,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +84,8 @@ from trainmedic.agent.demo.plane import ROOT, KubePlane, Proc, free_port
 
 from .kubeplane import in_ci
 
-OPERATORS = ROOT / "tests" / "cluster" / "training-operator"
+CLUSTER = ROOT / "tests" / "cluster"
+OPERATORS = CLUSTER / "training-operator"
 MANIFEST = OPERATORS / "training-operator.yaml"
 MODULE = "github.com/kubeflow/training-operator"
 NAMESPACE = "kubeflow"
@@ -65,36 +94,93 @@ SERVICE_ACCOUNT = "training-operator"
 ROTATOR_CERT = Path("/tmp/k8s-webhook-server/serving-certs/tls.crt")
 TOKEN_S = 24 * 3600
 
+VOLCANO = CLUSTER / "volcano"
+VOLCANO_MANIFEST = VOLCANO / "volcano.yaml"
+VOLCANO_CRDS = sorted((VOLCANO / "crds").glob("*.yaml"))
+VOLCANO_MODULE = "volcano.sh/volcano"
+VOLCANO_NAMESPACE = "volcano-system"
+VOLCANO_CONTROLLERS = "job-controller,pg-controller,queue-controller,gc-controller"
 
-def training_operator_version() -> str:
-    for line in (OPERATORS / "go.mod").read_text().splitlines():
+
+def module_version(go_mod: Path, module: str) -> str:
+    """The version of `module` that `go_mod` requires."""
+    for line in go_mod.read_text().splitlines():
         words = line.split()
         if words[:1] == ["require"]:
             words = words[1:]
-        if len(words) >= 2 and words[0] == MODULE:
+        if len(words) >= 2 and words[0] == module:
             return words[1]
-    raise RuntimeError(f"{OPERATORS / 'go.mod'} does not require {MODULE}")
+    raise RuntimeError(f"{go_mod} does not require {module}")
+
+
+def cache_bin(project: str, version: str) -> Path:
+    """Where tests/cluster/build.sh puts a project's commands:
+    ${XDG_CACHE_HOME:-~/.cache}/trainmedic/<project>-<version>/bin."""
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache) / "trainmedic" / f"{project}-{version}" / "bin"
+
+
+def training_operator_version() -> str:
+    return module_version(OPERATORS / "go.mod", MODULE)
 
 
 def training_operator_bin() -> Path:
-    """Where tests/cluster/build.sh puts it: ${XDG_CACHE_HOME:-~/.cache}/trainmedic/training-operator-<v>/bin."""
-    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(cache) / "trainmedic" / f"training-operator-{training_operator_version()}" / "bin" / "training-operator"
+    return cache_bin("training-operator", training_operator_version()) / "training-operator"
 
 
-def require_training_operator() -> None:
-    """Skip the test where the operator is not built, or fail it under CI=true (where `make test`
+def volcano_version() -> str:
+    return module_version(VOLCANO / "go.mod", VOLCANO_MODULE)
+
+
+def volcano_bins() -> tuple[Path, Path]:
+    """vc-controller-manager and vc-scheduler."""
+    d = cache_bin("volcano", volcano_version())
+    return d / "vc-controller-manager", d / "vc-scheduler"
+
+
+def _require(what: str, paths: tuple[Path, ...]) -> None:
+    """Skip the test where a command is not built, or fail it under CI=true (where `make test`
     builds it), as `require_plane` does for the plane."""
-    path = training_operator_bin()
-    if not os.access(path, os.X_OK):
-        reason = f"the Kubeflow training-operator is not built ({path}); `make cluster` builds it"
+    gone = [str(p) for p in paths if not os.access(p, os.X_OK)]
+    if gone:
+        reason = f"{what} is not built ({', '.join(gone)}); `make cluster` builds it"
         if in_ci():
             pytest.fail(f"CI is set but {reason}")
         pytest.skip(reason)
 
 
+def require_training_operator() -> None:
+    _require("the Kubeflow training-operator", (training_operator_bin(),))
+
+
+def require_volcano() -> None:
+    _require("Volcano", volcano_bins())
+
+
+def _docs(path: Path) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d]
+
+
 def manifest_docs() -> list[dict[str, Any]]:
-    return [d for d in yaml.safe_load_all(MANIFEST.read_text()) if d]
+    return _docs(MANIFEST)
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return bool(r.status == 200)
+    except (OSError, urllib.error.URLError):
+        return False
+
+
+def _wait(what: str, ok: Callable[[], Any], procs: list[Proc], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not ok():
+        dead = [p for p in procs if not p.alive()]
+        if dead or time.monotonic() > deadline:
+            logs = "\n".join(f"--- {p.name}\n{p.tail()}" for p in (dead or procs))
+            raise RuntimeError(f"{what} not ready:\n{logs}")
+        time.sleep(0.2)
 
 
 def _self_signed(d: Path) -> None:
@@ -152,22 +238,11 @@ class TrainingOperator:
         self.proc = self.plane.start_process(self.name, argv, env)
         self._wait_ready(timeout)
 
-    def _ready(self) -> bool:
-        url = f"http://127.0.0.1:{self.health_port}/readyz"
-        try:
-            with urllib.request.urlopen(url, timeout=2) as r:
-                return bool(r.status == 200)
-        except (OSError, urllib.error.URLError):
-            return False
-
     def _wait_ready(self, timeout: float) -> None:
         """Ready: the certificates reported ready (so the PyTorchJob controller is being set up) and
         the webhook server listening (its readiness check, main.go `setupProbeEndpoints`)."""
-        deadline = time.monotonic() + timeout
-        while not self._ready():
-            if not self.alive() or time.monotonic() > deadline:
-                raise RuntimeError(f"training-operator not ready:\n{self.tail()}")
-            time.sleep(0.2)
+        url = f"http://127.0.0.1:{self.health_port}/readyz"
+        _wait(self.name, lambda: _http_ok(url), [self.proc] if self.proc else [], timeout)
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.alive()
@@ -184,3 +259,88 @@ class TrainingOperator:
         if self.proc is not None:
             self.proc.stop()
             self.plane.procs.pop(self.name, None)
+
+
+class Volcano:
+    """vc-controller-manager and vc-scheduler as processes of `plane` (they stop with the plane, or
+    with `stop()`)."""
+
+    names = ("vc-scheduler", "vc-controller-manager")
+
+    def __init__(self, plane: KubePlane, workdir: Path) -> None:
+        self.plane = plane
+        self.dir = workdir
+        self.procs: list[Proc] = []
+
+    def start(self, timeout: float = 90.0) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        docs = _docs(VOLCANO_MANIFEST)
+        self.plane.apply([d for d in docs if d["kind"] != "ConfigMap"])
+        [config] = [d for d in docs if d["kind"] == "ConfigMap"]
+        conf = self.dir / "volcano-scheduler.conf"
+        conf.write_text(config["data"]["volcano-scheduler.conf"])
+        self.plane.install_crds(VOLCANO_CRDS)
+        controller_manager, scheduler = volcano_bins()
+
+        def kubeconfig(sa: str) -> Path:
+            token = self.plane.service_account_token(VOLCANO_NAMESPACE, sa, seconds=TOKEN_S)
+            return self.plane.write_kubeconfig(self.dir / f"{sa}.kubeconfig", token)
+
+        health = {name: free_port() for name in self.names}
+        self.procs.append(
+            self.plane.start_process(
+                "vc-scheduler",
+                [
+                    str(scheduler),
+                    f"--kubeconfig={kubeconfig('volcano-scheduler')}",
+                    f"--scheduler-conf={conf}",
+                    "--enable-healthz=true",
+                    f"--healthz-address=127.0.0.1:{health['vc-scheduler']}",
+                    "--enable-metrics=true",
+                    f"--listen-address=127.0.0.1:{free_port()}",
+                    "--leader-elect=false",
+                    "--logtostderr",
+                    "-v=3",
+                ],
+            )
+        )
+        self.procs.append(
+            self.plane.start_process(
+                "vc-controller-manager",
+                [
+                    str(controller_manager),
+                    f"--kubeconfig={kubeconfig('volcano-controllers')}",
+                    f"--controllers={VOLCANO_CONTROLLERS}",
+                    "--enable-healthz=true",
+                    f"--healthz-address=127.0.0.1:{health['vc-controller-manager']}",
+                    "--leader-elect=false",
+                    "--logtostderr",
+                    "-v=3",
+                ],
+            )
+        )
+        for name, port in health.items():
+            _wait(name, functools.partial(_http_ok, f"http://127.0.0.1:{port}/healthz"), self.procs, timeout)
+
+        def default_queue_open() -> bool:
+            try:
+                q = self.plane.request("GET", "/apis/scheduling.volcano.sh/v1beta1/queues/default")
+            except (OSError, urllib.error.URLError):
+                return False
+            return bool((q.get("status") or {}).get("state") == "Open")
+
+        # The scheduler creates it, the queue controller opens it: jobs are enqueued from then on.
+        _wait("the default Queue open", default_queue_open, self.procs, timeout)
+
+    def alive(self) -> bool:
+        return bool(self.procs) and all(p.alive() for p in self.procs)
+
+    @property
+    def errors(self) -> list[str]:
+        """What went wrong with the processes (one exited), for a test's final check."""
+        return [f"{p.name} exited:\n{p.tail()}" for p in self.procs if not p.alive()]
+
+    def stop(self) -> None:
+        for p in self.procs:
+            p.stop()
+            self.plane.procs.pop(p.name, None)

@@ -1,6 +1,5 @@
 """The demo emulator's workload controllers against what the real ones and the real API server do
-(the real plane with the real training-operator, tests/realplane/, and the Volcano stand-in there,
-tests/realplane/standin.py, are the reference):
+(the real plane with the real training-operator and Volcano, tests/realplane/, is the reference):
 
 - Volcano Jobs and PyTorchJobs have a status subresource: a status sent with the create is dropped by
   the API server, so the stand-ins create them without one and write it through `/status`;
