@@ -6,8 +6,9 @@
 #   make compat  the regex-internals tests on the newest CPython here (tests/compat.sh)
 #   make kafka   Apache Kafka's jars for the bus tests, once per version (make test does it)
 #   make cluster the real Kubernetes control plane for tests/realplane (kube-apiserver,
-#                kube-controller-manager, kube-scheduler, etcd and KWOK built with Go), once per
-#                version (make test does it)
+#                kube-controller-manager, kube-scheduler, etcd and KWOK built with Go) and the
+#                workload controllers run on it (the Kubeflow training-operator, Volcano's
+#                vc-controller-manager and vc-scheduler), once per version (make test does it)
 #   make helm    helm built from its Go module, for the chart's tests, once per version (make test does it)
 #   make bench   throughput and latency figures as one JSON object (bench/results.json)
 #   make soak    the daemon under sustained load (bench/soak.py): RSS slope, loop lag, state gauges
@@ -29,7 +30,10 @@ KAFKA_STAMP   := $(KAFKA_HOME)/lib/.pom-$(shell sha256sum $(KAFKA_POM) | cut -c1
 KUBE_DIR     := tests/cluster
 KUBE_VERSION := $(shell awk '$$1 == "k8s.io/kubernetes" { print $$2 } $$1 == "require" && $$2 == "k8s.io/kubernetes" { print $$3 }' $(KUBE_DIR)/go.mod)
 KUBE_HOME    := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/trainmedic/kube-$(KUBE_VERSION)
-KUBE_STAMP   := $(KUBE_HOME)/bin/.built-$(shell cat $(KUBE_DIR)/go.mod $(KUBE_DIR)/go.sum $(KUBE_DIR)/build.sh $(KUBE_DIR)/etcd/main.go | sha256sum | cut -c1-12)
+KUBE_INPUTS  := $(KUBE_DIR)/go.mod $(KUBE_DIR)/go.sum $(KUBE_DIR)/build.sh $(KUBE_DIR)/etcd/main.go \
+                $(KUBE_DIR)/training-operator/go.mod $(KUBE_DIR)/training-operator/go.sum \
+                $(KUBE_DIR)/volcano/go.mod $(KUBE_DIR)/volcano/go.sum
+KUBE_STAMP   := $(KUBE_HOME)/bin/.built-$(shell cat $(KUBE_INPUTS) | sha256sum | cut -c1-12)
 
 .PHONY: all venv servers browser kafka cluster helm check lint types test compat demo bench soak clean
 
@@ -78,11 +82,13 @@ $(KAFKA_STAMP):
 	@rm -rf $(KAFKA_HOME)/lib && mv $(KAFKA_HOME)/lib.tmp $(KAFKA_HOME)/lib && touch $(KAFKA_STAMP)
 
 # kube-apiserver, kube-controller-manager and kube-scheduler from k8s.io/kubernetes, etcd at the
-# version that release uses, and KWOK, with `go build` (about 10 CPU-minutes the first time; openssl,
-# which the tests make their certificates with, is installed from Debian when missing).
+# version that release uses, and KWOK, with `go build` (about 10 CPU-minutes the first time), and the
+# workload controllers from their own modules (tests/cluster/training-operator, tests/cluster/volcano:
+# about 5.5 CPU-minutes more; openssl, which the tests make their certificates with, is installed
+# from Debian when missing).
 cluster: $(KUBE_STAMP)
 
-$(KUBE_STAMP): $(KUBE_DIR)/go.mod $(KUBE_DIR)/go.sum $(KUBE_DIR)/build.sh $(KUBE_DIR)/etcd/main.go
+$(KUBE_STAMP): $(KUBE_INPUTS)
 	@command -v go >/dev/null || { echo "make cluster needs Go"; exit 1; }
 	@command -v openssl >/dev/null || { \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \

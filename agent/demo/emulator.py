@@ -795,7 +795,8 @@ class Cluster:
     async def create_pytorchjob_pods(self, pj: Mapping[str, Any], *, rank_env: bool = True) -> list[dict[str, Any]]:
         """The pods the training-operator creates (`<job>-master-0`, `<job>-worker-<i>`), with its labels
         and env: PYTHONUNBUFFERED, and with `rank_env` MASTER_ADDR / MASTER_PORT / WORLD_SIZE / RANK and
-        their PET_* twins, PET_NNODES (workers: index + 1 with a master); without it, labels only."""
+        their PET_* twins, PET_NPROC_PER_NODE, PET_NNODES (workers: index + 1 with a master); without
+        it, labels only."""
         meta, specs = pj["metadata"], pj["spec"]["pytorchReplicaSpecs"]
         jname, ns = meta["name"], meta["namespace"]
         world = sum(int(s["replicas"]) for s in specs.values())
@@ -813,8 +814,10 @@ class Cluster:
                 if lower == "master":
                     labels["training.kubeflow.org/job-role"] = "master"
                 # As training-operator v1.8.1 (pkg/controller.v1/pytorch/envvar.go `setPodEnv`, nprocPerNode
-                # "auto": 1) writes it into every container: PYTHONUNBUFFERED always; with a Master, its
-                # address and port and the rank (plain and PET_ for torchrun); PET_NNODES unless elastic.
+                # defaulted to "auto", counted as 1) writes it into every container: PYTHONUNBUFFERED always;
+                # with a Master, its address and port and the rank (plain and PET_ for torchrun);
+                # PET_NPROC_PER_NODE; PET_NNODES unless elastic (the real operator's pods on the real
+                # plane carry the same, tests/realplane/test_workloads.py).
                 env = {"PYTHONUNBUFFERED": "1"}
                 if rank_env:
                     rank = i + 1 if lower == "worker" and has_master else i
@@ -831,6 +834,7 @@ class Cluster:
                                 "PET_NODE_RANK": str(rank),
                             }
                         )
+                    env["PET_NPROC_PER_NODE"] = "auto"
                     env["PET_NNODES"] = str(world)
                 pods.append(
                     await self.create_pod(

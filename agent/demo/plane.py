@@ -198,6 +198,13 @@ class KubePlane:
         p.start()
         return p
 
+    def start_process(self, name: str, argv: list[str], env: Mapping[str, str] | None = None) -> Proc:
+        """Start another process of the plane (a workload controller run against it), logging to
+        `<dir>/<name>.log`: `stop()` ends it first, and a wait of the plane fails when it has exited."""
+        if name in self.procs:
+            raise ValueError(f"a process named {name} is already part of the plane")
+        return self._proc(name, argv, env)
+
     def _apiserver_argv(self, *, watch_cache: bool = True) -> list[str]:
         k = self.pki
         return [
@@ -365,8 +372,9 @@ class KubePlane:
             self.start_kwok(name)
 
     def stop(self) -> None:
-        kwoks = [n for n in self.procs if n.startswith("kwok-")]
-        for name in (*kwoks, "kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd"):
+        core = ("kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd")
+        others = [n for n in self.procs if n not in core]  # the KWOKs, what start_process started
+        for name in (*others, *core):
             p = self.procs.get(name)
             if p is not None:
                 p.stop()

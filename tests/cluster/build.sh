@@ -4,7 +4,13 @@
 # k8s.io/kubernetes, etcd at the version that release uses (./etcd), and KWOK for the fake nodes,
 # into a cache directory keyed by version:
 #   ${XDG_CACHE_HOME:-~/.cache}/trainmedic/kube-<version>/bin
-# Idempotent: a binary already there is not rebuilt. Prints the bin directory on success.
+# and the workload controllers the realplane tests run on that plane (tests/servers/operators.py),
+# each from a module of its own at the version it pins, into a cache directory keyed by that version:
+# the Kubeflow Training Operator (./training-operator)
+#   ${XDG_CACHE_HOME:-~/.cache}/trainmedic/training-operator-<version>/bin
+# and Volcano's vc-controller-manager and vc-scheduler (./volcano)
+#   ${XDG_CACHE_HOME:-~/.cache}/trainmedic/volcano-<version>/bin
+# Idempotent: a binary already there is not rebuilt. Prints the (Kubernetes) bin directory on success.
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 version=$(awk '$1 == "k8s.io/kubernetes" { print $2 } $1 == "require" && $2 == "k8s.io/kubernetes" { print $3 }' "$here/go.mod")
@@ -35,6 +41,35 @@ if [ ! -x "$bin/kwok" ]; then
 	GOBIN=$tmp go install -trimpath -ldflags "-s -w" "sigs.k8s.io/kwok/cmd/kwok@$kwok_version"
 	mv "$tmp/kwok" "$bin/kwok"
 	rmdir "$tmp"
+fi
+# The Kubeflow Training Operator's manager (cmd/training-operator.v1), for the PyTorchJobs of the
+# realplane tests (tests/servers/operators.py). Its own module, as it needs client-go and
+# controller-runtime at the versions it was released with, not the ones k8s.io/kubernetes uses.
+op_version=$(awk '$1 == "github.com/kubeflow/training-operator" { print $2 } $1 == "require" && $2 == "github.com/kubeflow/training-operator" { print $3 }' "$here/training-operator/go.mod")
+[ -n "$op_version" ] || { echo "build.sh: no github.com/kubeflow/training-operator requirement in $here/training-operator/go.mod" >&2; exit 1; }
+op_bin=${XDG_CACHE_HOME:-$HOME/.cache}/trainmedic/training-operator-$op_version/bin
+if [ ! -x "$op_bin/training-operator" ]; then
+	echo "building training-operator $op_version" >&2
+	mkdir -p "$op_bin"
+	(cd "$here/training-operator" && go build -trimpath -ldflags "-s -w" -o "$op_bin/training-operator.tmp" \
+		github.com/kubeflow/training-operator/cmd/training-operator.v1)
+	mv "$op_bin/training-operator.tmp" "$op_bin/training-operator"
+fi
+# Volcano's job controllers and its scheduler (vc-scheduler: the job controller creates a job's pods
+# only once the scheduler has put its PodGroup in the queue). A module of its own as well: Volcano
+# requires k8s.io/kubernetes v1.30 and replaces the staging modules with their v0.30. One `go build`
+# for both, which share most of their packages.
+vc_version=$(awk '$1 == "volcano.sh/volcano" { print $2 } $1 == "require" && $2 == "volcano.sh/volcano" { print $3 }' "$here/volcano/go.mod")
+[ -n "$vc_version" ] || { echo "build.sh: no volcano.sh/volcano requirement in $here/volcano/go.mod" >&2; exit 1; }
+vc_bin=${XDG_CACHE_HOME:-$HOME/.cache}/trainmedic/volcano-$vc_version/bin
+if [ ! -x "$vc_bin/vc-controller-manager" ] || [ ! -x "$vc_bin/vc-scheduler" ]; then
+	echo "building vc-controller-manager and vc-scheduler $vc_version" >&2
+	rm -rf "$vc_bin.tmp" && mkdir -p "$vc_bin.tmp" "$vc_bin"
+	(cd "$here/volcano" && go build -trimpath -ldflags "-s -w" -o "$vc_bin.tmp/" \
+		volcano.sh/volcano/cmd/controller-manager volcano.sh/volcano/cmd/scheduler)
+	mv "$vc_bin.tmp/controller-manager" "$vc_bin/vc-controller-manager"
+	mv "$vc_bin.tmp/scheduler" "$vc_bin/vc-scheduler"
+	rmdir "$vc_bin.tmp"
 fi
 # KWOK's stock stages (the ones kwokctl gives its clusters), from KWOK's own module: node
 # initialisation, the heartbeat that goes with node leases, pods made ready and deleted. Not its

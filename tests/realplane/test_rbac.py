@@ -23,7 +23,7 @@ from trainmedic.agent.telemetry import Telemetry
 from trainmedic.agent.watchers.k8s import KubeWatchers
 from trainmedic.remediations.kube import KubeForbidden, KubeOps
 
-from .plane import CUSTOM_KINDS, TRAINING, clean, create_job, job_body, running_on, until
+from .plane import CUSTOM_KINDS, TRAINING, clean, create_job, job_body, owned_pods, running_on, until
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(300)]
 
@@ -68,18 +68,23 @@ async def test_everything_the_brain_does_is_allowed(plane: KubePlane, brain: Kub
 
 
 @pytest.mark.parametrize("kind", list(CUSTOM_KINDS))
-async def test_the_brain_may_restart_volcano_jobs_and_pytorchjobs(plane: KubePlane, brain: KubeOps, kind: str) -> None:
+async def test_the_brain_may_restart_volcano_jobs_and_pytorchjobs(
+    plane: KubePlane, brain: KubeOps, controller: Any, kind: str
+) -> None:
     """The restart of a custom workload, as the brain: read it, delete this incarnation, wait for it
-    to go, create the replacement (the CRDs as published, served by the real API server)."""
+    (and, the deletion being in the foreground, the pods its controller made) to go, create the
+    replacement (the CRDs as published, served by the real API server)."""
     make, collection = CUSTOM_KINDS[kind]
     body = make("rbac-" + kind)
     api_version, kind_name, name = body["apiVersion"], body["kind"], body["metadata"]["name"]
-    plane.request("POST", collection, body)
+    obj = plane.request("POST", collection, body)
+    await until("the pods its controller made", lambda: len(owned_pods(plane, obj)) == 2)
     ops = brain
     found = await ops.get_workload(api_version, kind_name, TRAINING, name)
     assert found is not None and found["kind"] == kind_name
     assert await ops.delete_workload(found, propagation="Foreground")
     assert await ops.wait_gone(api_version, kind_name, TRAINING, name, uid=found["metadata"]["uid"], timeout_s=60)
+    assert owned_pods(plane, found) == []
     created = await ops.create_workload(make(name))
     assert created["metadata"]["uid"] != found["metadata"]["uid"]
 

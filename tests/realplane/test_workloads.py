@@ -2,13 +2,15 @@
 
 Their CRDs are the ones the projects publish (tests/cluster/crds/, installed by conftest.py); the
 API server validates, defaults and stores the objects, serves their status subresource and the real
-garbage collector removes their pods when they are deleted. What their own controllers would do
-(create the pods from the task / replica templates, report status) is done by the test stand-in in
-standin.py. The agent runs as deployed (its ServiceAccounts, the shipped RBAC).
+garbage collector removes their pods when they are deleted. Their own controllers run on the plane
+(tests/servers/operators.py): a PyTorchJob's pods, their Services and its status are the real
+Kubeflow training-operator's work; a Volcano Job's PodGroup, pods and status are Volcano's job
+controller's, and its scheduler binds the pods. The agent runs as deployed (its ServiceAccounts,
+the shipped RBAC).
 
 Xid 79 on the node of a workload's first pod, or that node lost (its KWOK stops; the real node
 lifecycle controller taints it unreachable): the scene is saved, the node quarantined (the real
-scheduler then keeps the replacement's pods off it), the workload deleted and recreated from its
+schedulers then keep the replacement's pods off it), the workload deleted and recreated from its
 checkpoint under the same name, and its new pods run on healthy KWOK nodes.
 """
 
@@ -18,7 +20,6 @@ import asyncio
 import contextlib
 import json
 import urllib.error
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,23 +40,13 @@ from .plane import (
     UNREACHABLE,
     XID79,
     has_taint,
+    owned_pods,
     start_agents,
     until,
     write_hf_checkpoints,
 )
-from .standin import TrainingControllers
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(300)]
-
-
-@pytest.fixture
-def controllers(plane: KubePlane) -> Iterator[TrainingControllers]:
-    c = TrainingControllers(plane, [TRAINING])
-    c.start()
-    try:
-        yield c
-    finally:
-        c.stop()
 
 
 def get(plane: KubePlane, collection: str, name: str) -> dict[str, Any] | None:
@@ -65,17 +56,6 @@ def get(plane: KubePlane, collection: str, name: str) -> dict[str, Any] | None:
         if e.code == 404:
             return None
         raise
-
-
-def owned_pods(plane: KubePlane, obj: dict[str, Any]) -> list[dict[str, Any]]:
-    uid = obj["metadata"]["uid"]
-    pods = plane.request("GET", f"/api/v1/namespaces/{TRAINING}/pods")["items"]
-    return [
-        p
-        for p in pods
-        if not p["metadata"].get("deletionTimestamp")
-        and any(r.get("uid") == uid and r.get("controller") for r in p["metadata"].get("ownerReferences") or [])
-    ]
 
 
 def running_on(plane: KubePlane, obj: dict[str, Any], n: int) -> list[str] | None:
@@ -93,7 +73,7 @@ def first_pod_node(plane: KubePlane, obj: dict[str, Any]) -> str:
 
 
 def reported_running(obj: dict[str, Any]) -> bool:
-    """What the stand-in controller reported, in each kind's own status shape."""
+    """What the workload's controller reported, in each kind's own status shape."""
     status = obj.get("status") or {}
     if obj["kind"] == "PyTorchJob":
         return any(c.get("type") == "Running" and c.get("status") == "True" for c in status.get("conditions") or [])
@@ -103,7 +83,7 @@ def reported_running(obj: dict[str, Any]) -> bool:
 @pytest.mark.parametrize("fault", ["xid79", "node_lost"])
 @pytest.mark.parametrize("kind", list(CUSTOM_KINDS))
 async def test_a_failed_node_recreates_the_workload_from_its_checkpoint_on_healthy_nodes(
-    fresh: KubePlane, controllers: TrainingControllers, tmp_path: Path, kind: str, fault: str
+    fresh: KubePlane, controller: Any, tmp_path: Path, kind: str, fault: str
 ) -> None:
     plane = fresh
     make, collection = CUSTOM_KINDS[kind]
@@ -135,7 +115,7 @@ async def test_a_failed_node_recreates_the_workload_from_its_checkpoint_on_healt
         pods = owned_pods(plane, new)
     finally:
         await agents.stop()
-    assert not controllers.errors, controllers.errors
+    assert not controller.errors, controller.errors
 
     store = agents.store
     incident = store.get(incident_id)
@@ -149,7 +129,7 @@ async def test_a_failed_node_recreates_the_workload_from_its_checkpoint_on_healt
     paths = {f["path"] for f in manifest["files"]}
     assert "objects/workload.yaml" in paths and "checkpoints.json" in paths
     assert {p["name"] for p in manifest["pods"]} >= {f"llm-{'worker' if kind == 'volcano' else 'master'}-0"}
-    # The node is quarantined, and the real scheduler placed the new pods elsewhere.
+    # The node is quarantined, and the real scheduler (the stock one, or Volcano's) placed the new pods elsewhere.
     assert has_taint(plane, bad, TAINT_KEY)
     assert bad not in nodes and len(set(nodes)) == 2
     ann = new["metadata"]["annotations"]
@@ -168,11 +148,33 @@ async def test_a_failed_node_recreates_the_workload_from_its_checkpoint_on_healt
             "nodeSelectorTerms"
         ]
         assert {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": [bad]} in term["matchExpressions"]
+        if kind == "pytorchjob":
+            # The replacement is the operator's again: its env (the demo emulator writes the same,
+            # tests/watchers/test_demo_standin.py) besides trainmedic's, one rank per replica.
+            rank = "0" if p["metadata"]["labels"]["training.kubeflow.org/replica-type"] == "master" else "1"
+            assert env.items() >= pytorch_env("llm", rank, world=2).items()
+
+
+def pytorch_env(job: str, rank: str, *, world: int) -> dict[str, str]:
+    """What training-operator v1.8.1 writes into a container of a PyTorchJob with a Master."""
+    master = f"{job}-master-0"
+    return {
+        "PYTHONUNBUFFERED": "1",
+        "MASTER_PORT": "23456",
+        "PET_MASTER_PORT": "23456",
+        "MASTER_ADDR": master,
+        "PET_MASTER_ADDR": master,
+        "WORLD_SIZE": str(world),
+        "RANK": rank,
+        "PET_NODE_RANK": rank,
+        "PET_NPROC_PER_NODE": "auto",
+        "PET_NNODES": str(world),
+    }
 
 
 @pytest.mark.parametrize("kind", list(CUSTOM_KINDS))
 async def test_the_cluster_watcher_reports_volcano_jobs_and_pytorchjobs(
-    fresh: KubePlane, controllers: TrainingControllers, kind: str
+    fresh: KubePlane, controller: Any, kind: str
 ) -> None:
     """As the cluster ServiceAccount: the workload's status in its own shape (Volcano's
     status.state.phase, the PyTorchJob's conditions) becomes a WorkloadStatus, its pods are indexed
@@ -209,7 +211,7 @@ async def test_the_cluster_watcher_reports_volcano_jobs_and_pytorchjobs(
 
 @pytest.mark.parametrize("kind", list(CUSTOM_KINDS))
 async def test_a_custom_workload_held_by_a_finalizer_is_replaced_only_once_gone(
-    fresh: KubePlane, controllers: TrainingControllers, tmp_path: Path, kind: str
+    fresh: KubePlane, controller: Any, tmp_path: Path, kind: str
 ) -> None:
     """A foreign finalizer on the Volcano Job / PyTorchJob keeps it (deletionTimestamp set) after
     trainmedic's delete: no replacement until it is really gone, then one."""

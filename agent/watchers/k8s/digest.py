@@ -215,8 +215,31 @@ def pod_reason(pod: Mapping[str, Any]) -> str | None:
 MAX_EVENT_MESSAGE = 4096
 
 
+def event_pod(obj: Mapping[str, Any], jobs: JobIndex) -> PodInfo | None:
+    """The indexed pod a Pod event is about: by the involved object's uid, or by its name where the
+    event carries no uid or the pod of that name has none. Not the pod of that name where the uids
+    differ: that event was recorded on an earlier pod of the name (a workload recreated under its
+    name has pods of the names its earlier incarnation had)."""
+    inv = _map(obj.get("involvedObject")) or _map(obj.get("regarding"))
+    if _str(inv.get("kind")) != "Pod":
+        return None
+    uid, name = _str(inv.get("uid")), _str(inv.get("name"))
+    if uid is not None:
+        known = jobs.pod_by_uid(uid)
+        if known is not None:
+            return known
+    if name is None:
+        return None
+    namespace = _str(inv.get("namespace")) or _str(_get(obj, "metadata", "namespace")) or "default"
+    info = jobs.pod(namespace, name)
+    if info is not None and uid is not None and info.uid is not None and info.uid != uid:
+        return None
+    return info
+
+
 def k8s_event(obj: Mapping[str, Any], jobs: JobIndex | None = None) -> K8sEvent:
-    """A core/v1 Event (or events.k8s.io/v1 Event) as a K8sEvent; the job from the index for a pod."""
+    """A core/v1 Event (or events.k8s.io/v1 Event) as a K8sEvent; the job from the index for a pod
+    (`event_pod`)."""
     meta = _map(obj.get("metadata"))
     inv = _map(obj.get("involvedObject")) or _map(obj.get("regarding"))
     kind, name = _str(inv.get("kind")), _str(inv.get("name"))
@@ -228,10 +251,7 @@ def k8s_event(obj: Mapping[str, Any], jobs: JobIndex | None = None) -> K8sEvent:
         node = _str(obj.get("reportingInstance"))
     job = None
     if kind == "Pod" and jobs is not None:
-        uid = _str(inv.get("uid"))
-        info = (jobs.pod_by_uid(uid) if uid else None) or (
-            jobs.pod(_str(inv.get("namespace")) or namespace or "default", name) if name else None
-        )
+        info = event_pod(obj, jobs)
         if info is not None:
             job = info.job
             node = node or info.node

@@ -22,6 +22,7 @@ from trainmedic.agent.telemetry import Telemetry
 from trainmedic.agent.watchers.k8s.digest import (
     PodDigest,
     _plugin_resources,
+    event_pod,
     event_time,
     k8s_event,
     node_status,
@@ -141,19 +142,17 @@ class EventHandler(Handler):
         return _str(_get(obj, "metadata", "uid")) or object_key(obj)
 
     def _history(self, obj: Mapping[str, Any], when: float | None) -> bool:
-        """An event from before this agent started about a pod the index does not hold: the pod is
-        gone, and so is what the event said (a NodeNotReady the node lifecycle controller recorded on
-        a pod since deleted, replayed by the first list after a restart). Recorded, not published."""
+        """An event from before this agent started about a pod the index does not hold (`event_pod`:
+        not even where a pod of its name now has another uid): the pod is gone, and so is what the
+        event said (a NodeNotReady the node lifecycle controller recorded on a pod since deleted,
+        replayed by the first list after a restart). Recorded, not published."""
         # Event times have whole seconds (lastTimestamp): one second of slack.
         if when is None or when >= self.started - 1.0:
             return False
         inv = _map(obj.get("involvedObject")) or _map(obj.get("regarding"))
         if _str(inv.get("kind")) != "Pod":
             return False
-        uid, name = _str(inv.get("uid")), _str(inv.get("name"))
-        namespace = _str(inv.get("namespace")) or _str(_get(obj, "metadata", "namespace")) or "default"
-        known = (self.jobs.pod_by_uid(uid) if uid else None) or (self.jobs.pod(namespace, name) if name else None)
-        return known is None
+        return event_pod(obj, self.jobs) is None
 
     def keys(self, namespace: str | None) -> list[str]:
         return []  # events that disappear expired (TTL): nothing to publish

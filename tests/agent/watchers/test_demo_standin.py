@@ -1,10 +1,11 @@
 """The demo emulator's workload controllers against what the real ones and the real API server do
-(tests/realplane/standin.py and the real plane are the reference):
+(the real plane with the real training-operator and Volcano, tests/realplane/, is the reference):
 
 - Volcano Jobs and PyTorchJobs have a status subresource: a status sent with the create is dropped by
   the API server, so the stand-ins create them without one and write it through `/status`;
 - training-operator v1.8.1 writes PYTHONUNBUFFERED, MASTER_* / WORLD_SIZE / RANK and their PET_*
-  twins (PET_MASTER_ADDR, PET_MASTER_PORT, PET_NODE_RANK, PET_NNODES) into every container.
+  twins (PET_MASTER_ADDR, PET_MASTER_PORT, PET_NODE_RANK), PET_NPROC_PER_NODE (its default,
+  "auto") and PET_NNODES into every container.
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ async def test_pytorchjob_pods_get_the_training_operator_env(cluster: Cluster, r
         "WORLD_SIZE": "3",
         "RANK": rank,
         "PET_NODE_RANK": rank,
+        "PET_NPROC_PER_NODE": "auto",
         "PET_NNODES": "3",
     }
 

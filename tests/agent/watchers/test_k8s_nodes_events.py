@@ -187,3 +187,36 @@ async def test_events_from_before_the_start_about_gone_pods_are_history(
     )  # fmt: skip
     await start_watchers(resources=["events", "pods"])
     assert [e.reason for e in recorder.payloads(K8sEvent)] == (["NodeNotReady"] if published else [])
+
+
+@pytest.mark.parametrize("listed", [True, False], ids=["listed-at-start", "live"])
+async def test_an_event_about_an_earlier_pod_of_the_same_name_is_not_the_current_pods(
+    cluster: Cluster, start_watchers: StartWatchers, recorder: EventRecorder, listed: bool
+) -> None:
+    """Controllers name pods after their workload (`<job>-worker-0`), so a workload recreated under
+    its name has pods of the names its earlier incarnation had. An event recorded on one of those
+    earlier pods (its uid) says nothing about the pod of that name now: a NodeNotReady the node
+    lifecycle controller recorded on it before it was deleted is not the new pod's node, and is
+    history when listed at start."""
+    job = await cluster.create_job("train", "llama", completions=1)
+    (pod,) = await cluster.create_job_pods(job)
+    await cluster.bind(pod, "gpu-1")
+    name = pod["metadata"]["name"]
+    earlier = "0f0e0d0c-0000-4000-8000-00000000dead"
+    assert pod["metadata"]["uid"] != earlier
+
+    async def not_ready() -> None:
+        await cluster.event(
+            "train", kind="Pod", name=name, involved_uid=earlier, reason="NodeNotReady",
+            message="Node is not ready", type="Warning", at=time.time() - (30 if listed else 0),
+        )  # fmt: skip
+
+    if listed:
+        await not_ready()
+        await start_watchers(resources=["events", "pods"])
+        assert [e.reason for e in recorder.payloads(K8sEvent)] == ["Scheduled"]
+    else:
+        await start_watchers(resources=["events", "pods"])
+        await not_ready()
+        ev = await recorder.wait_for(lambda p: isinstance(p, K8sEvent) and p.reason == "NodeNotReady")
+        assert (ev.job, ev.node, ev.object_name) == (None, None, name)
