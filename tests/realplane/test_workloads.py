@@ -196,7 +196,16 @@ async def test_the_cluster_watcher_reports_volcano_jobs_and_pytorchjobs(
         status = await bus.wait_for(running, timeout=90)
         assert status.replicas == 2
         assert status.annotations["trainmedic.io/resume-args"] == "--resume_from_checkpoint={checkpoint}"
-        pods = await until("both pods indexed", lambda: len(index.pods_of_job(ref)) == 2 and index.pods_of_job(ref))
+        # (the real training-operator reports Running once the master runs: a worker may still be
+        # unbound then, its node indexed when the scheduler binds it)
+        pods = await until(
+            "both pods indexed on their nodes",
+            lambda: (
+                len(index.pods_of_job(ref)) == 2
+                and all(p.node for p in index.pods_of_job(ref))
+                and index.pods_of_job(ref)
+            ),
+        )
         assert sorted(p.rank for p in pods) == [0, 1]
         assert {p.node for p in pods} == {n for n in running_on(plane, obj, 2) or []}
         mark = bus.mark()
