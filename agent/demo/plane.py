@@ -189,6 +189,9 @@ class KubePlane:
         self.kubeconfig = workdir / "admin.kubeconfig"
         self.procs: dict[str, Proc] = {}
         self.crd_collections: list[str] = []  # what install_crds installed, cluster-wide list paths
+        # When restart_apiserver last brought the API server back (wall clock; 0: never): node leases
+        # renewed before it may still read stale to the node lifecycle controller for a while.
+        self.apiserver_restarted_at = 0.0
 
     # -- processes ---------------------------------------------------------------------------------
 
@@ -385,6 +388,7 @@ class KubePlane:
         self.procs["kube-apiserver"].stop()
         self._proc("kube-apiserver", self._apiserver_argv(watch_cache=watch_cache))
         self.wait_apiserver(timeout)
+        self.apiserver_restarted_at = time.time()
         # Ready is not yet serving the custom resources: their collections answer 429 for a moment.
         for collection in self.crd_collections:
             self._wait(f"{collection} served again", functools.partial(self._get, collection), timeout)
