@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
 
 WRAP_MIN_LEN = 60  # a line shorter than this is not taken for a terminal-wrapped one
 MAX_WRAPPED_LINES = 3  # physical lines put back together on each side of a hit
@@ -62,60 +63,107 @@ HEAD = 12  # bytes of a line's start compared against the shapes and words above
 def wrap_newlines(arr: _Arr, nl: _Arr) -> _Arr:
     """For each newline (offsets `nl` into `arr`), whether it is taken for a hard wrap."""
     n = len(arr)
+    wrap = np.zeros(len(nl), dtype=bool)
     if len(nl) == 0 or n == 0:
-        return np.zeros(len(nl), dtype=bool)
+        return wrap
     starts = np.concatenate(([0], nl + 1))
-    ends = np.concatenate((nl, [n]))
-    lengths = ends - starts
-    last = n - 1
-    nxt = arr[np.minimum(nl + 1, last)]
+    lengths = np.concatenate((nl, [n])) - starts
+    # The cheap tests first (a long line, a non-empty one after it), the byte gathers only for the
+    # newlines that pass them: most lines of a log are short or followed by a record of their own.
+    cand = np.flatnonzero((lengths[:-1] >= WRAP_MIN_LEN) & (lengths[1:] > 0) & (nl + 1 < n))
+    cand = cand[~_NOT_WRAP_START[arr[nl[cand] + 1]]]
     # The same first three bytes as the line before: a repeated timestamp, host name or prefix.
-    same_start = np.ones(len(nl), dtype=bool)
+    last = n - 1
+    here, there = starts[cand], starts[cand + 1]
+    same_start = np.ones(len(cand), dtype=bool)
     for k in range(3):
-        same_start &= arr[np.minimum(starts[:-1] + k, last)] == arr[np.minimum(starts[1:] + k, last)]
-    wrap: _Arr = (nl + 1 < n) & (lengths[:-1] >= WRAP_MIN_LEN) & (lengths[1:] > 0) & ~_NOT_WRAP_START[nxt] & ~same_start
-    idx = np.flatnonzero(wrap)
-    if len(idx):
-        wrap[idx[record_starts(arr, nl[idx] + 1)]] = False
+        same_start &= arr[np.minimum(here + k, last)] == arr[np.minimum(there + k, last)]
+    cand = cand[~same_start]
+    if len(cand):
+        wrap[cand[~record_starts(arr, nl[cand] + 1)]] = True
     return wrap
 
 
 def record_starts(arr: _Arr, offsets: _Arr) -> _Arr:
     """Whether the line at each offset opens a record of its own (see the module's docstring)."""
-    n = len(arr)
     s = np.asarray(offsets, dtype=np.int64)
     # The first HEAD bytes of every line at once (0 past the end of `arr`).
-    pos = s[:, None] + np.arange(HEAD)
-    head = arr[np.minimum(pos, n - 1)]
-    head[pos >= n] = 0
+    head = _windows(arr, s, HEAD)
     first = head[:, 0]
-    found = _headed(arr, s, _KEY_FIRST[first], _KEY_BODY, MAX_KEY, _AFTER_KEY)
-    found |= _headed(arr, s, first == ord("/"), _PATH_BODY, MAX_PATH, _DIGIT)
+    found = np.zeros(len(s), dtype=bool)
+    # Shapes and words by a digit map of the heads and their first four bytes as one number; the
+    # byte walks of `_headed` then run only over the lines still undecided.
+    digit = _DIGIT[head]
     for shape in _SHAPES:
-        found |= _fits(head, shape)
-    for word in _MONTHS:
-        found |= _fits(head, word)
+        found |= _fits(head, digit, shape)
+    quad = np.ascontiguousarray(head[:, :4]).view("<u4").ravel()
+    found |= np.isin(quad, _MONTH_QUADS)
+    maybe = np.flatnonzero(np.isin(quad, _LEVEL_QUADS))
     for word in _LEVELS:
-        found |= _fits(head, word) & ~_KEY_BODY[head[:, len(word)]]
+        sub = head[maybe]
+        found[maybe] |= _fits(sub, digit[maybe], word) & ~_KEY_BODY[sub[:, len(word)]]
+    key = np.flatnonzero(_KEY_FIRST[first] & ~found)
+    found[key] |= _headed(arr, s[key], _KEY_BODY, MAX_KEY, _AFTER_KEY)
+    path = np.flatnonzero((first == ord("/")) & ~found)
+    found[path] |= _headed(arr, s[path], _PATH_BODY, MAX_PATH, _DIGIT, window=128)
     return found
 
 
-def _fits(head: _Arr, shape: bytes) -> _Arr:
+def _quads(words: tuple[bytes, ...]) -> _Arr:
+    return np.frombuffer(b"".join(w[:4] for w in words), dtype="<u4")
+
+
+_MONTH_QUADS = _quads(_MONTHS)
+_LEVEL_QUADS = _quads(_LEVELS)
+
+
+def _fits(head: _Arr, digit: _Arr, shape: bytes) -> _Arr:
     """Lines whose first bytes are `shape`: "d" stands for any digit, "L" for a glog level letter."""
     hit = np.ones(len(head), dtype=bool)
     for k, c in enumerate(shape):
-        col = head[:, k]
-        hit &= _DIGIT[col] if c == ord("d") else _GLOG[col] if c == ord("L") else col == c
+        hit &= digit[:, k] if c == ord("d") else _GLOG[head[:, k]] if c == ord("L") else head[:, k] == c
     return hit
 
 
-def _headed(arr: _Arr, s: _Arr, begins: _Arr, body: _Arr, limit: int, after_colon: _Arr) -> _Arr:
-    """Lines that begin as `begins` says, run on through `body` bytes (at most `limit`), then have
-    a colon followed by an `after_colon` byte. Walked a byte at a time over the lines still open."""
+def _windows(arr: _Arr, s: _Arr, width: int) -> _Arr:
+    """The `width` bytes from each offset in `s`, one row each (0 past the end of `arr`)."""
+    n = len(arr)
+    if n >= width:
+        rows = sliding_window_view(arr, width)[np.minimum(s, n - width)]
+        tail = np.flatnonzero(s > n - width)
+    else:
+        rows = np.zeros((len(s), width), dtype=arr.dtype)
+        tail = np.arange(len(s))
+    if len(tail):
+        # The last lines of the chunk: gathered byte by byte, zero-padded.
+        pos = s[tail, None] + np.arange(width)
+        part = arr[np.minimum(pos, n - 1)] if n else np.zeros(pos.shape, dtype=arr.dtype)
+        part[pos >= n] = 0
+        rows[tail] = part
+    return rows
+
+
+def _headed(arr: _Arr, s: _Arr, body: _Arr, limit: int, after_colon: _Arr, window: int = 16) -> _Arr:
+    """Lines (starting at offsets `s`, their first byte already checked) that run on through `body`
+    bytes (at most `limit`), then have a colon followed by an `after_colon` byte. The first `window`
+    bytes of every line are read at once; the lines that run on past them are walked a byte at a
+    time."""
     n = len(arr)
     found = np.zeros(len(s), dtype=bool)
-    open_ = np.flatnonzero(begins)
-    k = 1
+    if not len(s):
+        return found
+    width = min(window, limit) + 1  # the byte after a colon at the window's last place included
+    rows = _windows(arr, s, width)
+    stop = ~body[rows[:, 1 : width - 1]]
+    has = stop.any(axis=1)
+    at = stop.argmax(axis=1) + 1  # the first byte, from the second on, that is not a body byte
+    idx = np.flatnonzero(has)
+    j = at[idx]
+    # A colon there, not at the end of the data, followed by an accepted byte.
+    colon = (rows[idx, j] == ord(":")) & (s[idx] + j + 1 < n)
+    found[idx[colon]] = after_colon[rows[idx[colon], j[colon] + 1]]
+    open_ = np.flatnonzero(~has)
+    k = width - 1
     while len(open_) and k <= limit:
         pos = s[open_] + k
         ok = pos + 1 < n
