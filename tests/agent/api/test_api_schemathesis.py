@@ -9,10 +9,12 @@ share of the incident ids is swapped for ids that exist, so the fuzzing also rea
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
@@ -82,6 +84,20 @@ schema = schemathesis.openapi.from_asgi("/openapi.json", APP)
 def _close_store() -> Iterator[None]:
     yield
     STORE.close()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _engine_built() -> None:
+    """Build the diagnose engine before the fuzzing: on a fresh cache that takes seconds (every rule's
+    examples run, the Hyperscan database compiles), longer than the fuzzer's 10 s read timeout."""
+
+    async def warm() -> httpx.Response:
+        transport = httpx.ASGITransport(app=APP)
+        async with httpx.AsyncClient(transport=transport, base_url="http://trainmedic", timeout=None) as c:
+            return await c.post("/api/v1/diagnose", headers=AUTH, files={"logs": ("warm.log", b"warm-up\n")})
+
+    r = asyncio.run(warm())
+    assert r.status_code == 200, r.text
 
 
 @schema.parametrize()
