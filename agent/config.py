@@ -247,6 +247,20 @@ class RemediateSettings(_Group):
     )
     approval_poll_s: float = Field(2.0, gt=0, description="How often pending approvals are looked for (approve mode).")
     retry_after_s: float = Field(10.0, gt=0, description="An action that failed temporarily is tried again after this.")
+    retry_deadline_s: float = Field(
+        1800.0,
+        gt=0,
+        description="An action still failing temporarily this long after its first retry (an API answering 5xx or "
+        "409 for good, a restart waiting on another incident's replacement) is escalated: the incident turns "
+        "blocked and pages a person while the action goes on being tried. A workload still terminating after "
+        "its delete keeps its own deadline (gone_deadline_s).",
+    )
+    retry_max_s: float = Field(
+        600.0,
+        gt=0,
+        description="Longest wait between two tries of a restart whose replacement the cluster refuses after the "
+        "delete (quota, admission webhook, invalid, forbidden): the delay doubles from retry_after_s up to this.",
+    )
     poll_ms: int = Field(100, ge=1, le=60_000, description="Longest wait of one poll for diagnoses on the bus.")
     max_records: int = Field(100, ge=1, le=100_000, description="Diagnoses read from the bus per poll.")
     reports: bool = Field(

@@ -199,6 +199,26 @@ class Incident:
             return self.diagnosis
         return None
 
+    def escalation(self) -> dict[str, str] | None:
+        """Why a person was paged while an action goes on (blocked, its journal still under way: a
+        restart's replacement refused after the delete, a wait past its deadline), in both languages,
+        from the newest such action; None otherwise."""
+        if self.status is not IncidentStatus.BLOCKED:
+            return None
+        for a in reversed(self.actions):
+            why = (a.result or {}).get("why")
+            if a.state in UNFINISHED_ACTIONS and (a.result or {}).get("escalated") and isinstance(why, dict):
+                return {"en": str(why.get("en") or ""), "zh": str(why.get("zh") or why.get("en") or "")}
+        return None
+
+    def shown_plan(self) -> dict[str, Any] | None:
+        """The plan as people read it (pages, reports): while an escalation blocks the incident and the
+        plan itself was not refused, its `blocked` says why. The stored plan is left as it is."""
+        why = self.escalation()
+        if why is None or (self.plan or {}).get("blocked"):
+            return self.plan
+        return dict(self.plan or {}, blocked=why)
+
     def as_dict(self) -> dict[str, Any]:
         return {
             "id": self.id,

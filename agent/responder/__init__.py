@@ -18,7 +18,8 @@ saved):
    released once it is complete;
 3. the policy decides (mode, budgets, backoff, frequency escalation, circuit breaker) and the plan is
    recorded with its actions, whatever the mode: observe / dry-run stop here, approve waits for a
-   person (`trainmedic approve`), enforce goes on;
+   person (`trainmedic approve`), enforce goes on (a workload someone else is deleting is observed
+   only, with no plan; a restart records the incarnation it is for, or that there was none);
 4. each action runs in order, journalled in the store *before* the cluster changes; its code is
    its own module (remediations/actions/<name>.py, the registry `ACTIONS`): this package keeps the
    per-key queues and the incident's state machine. Restart from
@@ -30,12 +31,16 @@ saved):
 
 Errors carry their meaning in their type (remediations/errors.py, `classify`): temporary (429, 5xx,
 connection; a workload still terminating) leaves the action in its journal state, tried again after
-its delay (escalated to a person past a deadline, still waiting); blocked (the breaker or a budget
-refusing at the moment of acting) skips the remaining changes and ends the incident `blocked`;
-a stale plan (the job was resubmitted since) is cancelled and the incident ends `observed`;
-permanent (RBAC forbidden, invalid, a workload another controller owns, any error nobody expected)
-fails the action and the incident, which pages. Nothing is left `acting` and nothing is silently
-dropped: every step lands in the incident's timeline and on `trainmedic.incidents`.
+its delay (escalated to a person past a deadline, the action's own or `retry_deadline_s` from its
+first retry, still trying); blocked (the breaker or a budget refusing at the moment of acting) skips
+the remaining changes and ends the incident `blocked`; a stale plan (the job was resubmitted since,
+was absent when the plan was made, or someone else is deleting it) is cancelled and the incident
+ends `observed`; permanent (RBAC forbidden, invalid, a workload another controller owns, any error
+nobody expected) fails the action and the incident, which pages, except past a restart's delete
+(`deleting`, `creating`): the job is gone and the saved body is its only full spec, so the error is
+held (blocked, paged with the body's path, retried with backoff, the body kept). Nothing is left
+`acting` and nothing is silently dropped: every step lands in the incident's timeline and on
+`trainmedic.incidents`.
 
 The parts, `Responder` being the core class and the mixins it inherits:
 

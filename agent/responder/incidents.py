@@ -1,8 +1,9 @@
 """The incident state machine, `IncidentMixin` of Responder (core.py): store-driven work (resuming
 the journal a previous run left half way, approved plans and retries, each on its job's worker), one
 diagnosis from open to scene, policy and plan (`handle`, `_prepare`, observe-only when the responder
-is over its bounds or the evidence predates the job's recreation), the node condition of a
-node-level fault, and the way out (`_finish`, `_publish` on `trainmedic.incidents`, the reports).
+is over its bounds, the evidence predates the job's recreation, or someone else is deleting the
+job), the node condition of a node-level fault, and the way out (`_finish`, `_publish` on
+`trainmedic.incidents`, the reports).
 The helpers on incidents and objects used by the other parts (`incident_findings`, `_job_of`,
 `_annotation`) live here too.
 """
@@ -24,7 +25,7 @@ from trainmedic.agent.store import TERMINAL, ActionState, Incident, IncidentStat
 from trainmedic.events import DiagnosisEvent, IncidentEvent, JobRef, Topic, make_event
 from trainmedic.models import FaultClass, I18nText, RootCause
 from trainmedic.ratelog import RateLimitedLog
-from trainmedic.remediations.actions.restart_from_checkpoint import identity
+from trainmedic.remediations.actions.restart_from_checkpoint import identity, terminating
 from trainmedic.remediations.errors import FatalActionError, TemporaryActionError, classify
 from trainmedic.remediations.kube import KubeError, KubeOps, problem_condition
 from trainmedic.remediations.policy import ActionName, Mode, Plan, Policy, PolicyContext
@@ -238,7 +239,9 @@ class IncidentMixin:
         return incident
 
     async def _prepare(self, incident: Incident, d: DiagnosisEvent, rc: RootCause) -> Incident:
-        """Scene, then plan. Leaves the incident OBSERVED, AWAITING_APPROVAL, BLOCKED or ACTING."""
+        """Scene, then plan. Leaves the incident OBSERVED, AWAITING_APPROVAL, BLOCKED or ACTING. A
+        workload someone else is deleting (`deletionTimestamp`, no restart of ours under way) is
+        observed only, with no plan."""
         job = d.job
         workload = await self._workload(job) if job is not None else None
         pods = await self._pods(job, workload) if job is not None else []
@@ -264,6 +267,12 @@ class IncidentMixin:
             self._finish(incident)
             await self._publish(incident, rc)
             return incident
+        deleting = terminating(workload)
+        if deleting is not None and job is not None and await self.restart_under_way(job, incident.id) is None:
+            # Someone else is deleting the workload (a foreground cascade: its pods die first, and
+            # their deaths are this diagnosis): observe only. A restart would bring back a job its
+            # owner is removing.
+            return await self._settle_terminating(incident, rc, job, deleting)
         ctx = await self._context(incident, rc, workload)
         observed = await asyncio.to_thread(self.store.mark_fault_observed, incident.id)
 
@@ -280,12 +289,11 @@ class IncidentMixin:
         plan = await asyncio.get_running_loop().run_in_executor(self._policy_thread, decide)
         if self.settings.mode is not None:
             plan.mode = self.settings.mode
-        planned_for = identity(workload) if workload is not None else None
+        # The incarnation a restart is planned for, or that there was none (ABSENT): a job that appears
+        # before a late approval is one submitted since, never one to delete.
+        planned_for = identity(workload)
         actions = [
-            (
-                a.name.value,
-                dict(a.params, identity=planned_for) if a.name in _RESTARTS and planned_for else dict(a.params),
-            )
+            (a.name.value, dict(a.params, identity=planned_for) if a.name in _RESTARTS else dict(a.params))
             for a in plan.actions
         ]
         await asyncio.to_thread(self.store.set_plan, incident.id, plan.as_dict(), plan.mode.value, actions)
@@ -308,6 +316,27 @@ class IncidentMixin:
         if status is not IncidentStatus.ACTING:
             self._finish(incident)
         await self._publish(incident, rc, hints=plan.hints)
+        return incident
+
+    async def _settle_terminating(self, incident: Incident, rc: RootCause, job: JobRef, deleting: str) -> Incident:
+        """The workload is being deleted by someone else (no restart of ours is deleting it): the
+        incident is observed, with the reason, and nothing is planned."""
+        what = f"{job.namespace}/{job.name}"
+        why = I18nText(
+            en=f"{what} is being deleted by someone else (deletionTimestamp {deleting}): observed only, nothing is "
+            "restarted",
+            zh=f"{what} 正在被他人删除（deletionTimestamp {deleting}）：仅记录，不重启。",
+        )
+        await asyncio.to_thread(
+            self.store.note, incident.id, "terminating", {"deletion_timestamp": deleting, "why": why.model_dump()}
+        )
+        await asyncio.to_thread(
+            self.store.set_status, incident.id, IncidentStatus.OBSERVED, {"terminating": True, "why": why.en}
+        )
+        incident = await asyncio.to_thread(self.store.get, incident.id)
+        log.info("incident %s for %s: %s", incident.id, incident.key, why.en)
+        self._finish(incident)
+        await self._publish(incident, rc)
         return incident
 
     async def _mark_node(self, incident: Incident, rc: RootCause, plan: Plan) -> None:
@@ -358,8 +387,11 @@ class IncidentMixin:
     # -- out --------------------------------------------------------------------------------------------
 
     def _finish(self, incident: Incident) -> None:
-        # The journal is over: no replacement body (env values) stays on disk, whatever the end.
-        self._drop_bodies({_UNSAFE_NAME.sub("_", incident.id)[:200]}, keep=False)
+        # The journal is over: no replacement body (env values) stays on disk, whatever the end. Never
+        # while a restart is past its delete (deleting, creating): its body is then the only full copy
+        # of the deleted job's spec (resume() keeps it too, the incident being unfinished).
+        if not any(a.state in (ActionState.DELETING, ActionState.CREATING) for a in incident.actions):
+            self._drop_bodies({_UNSAFE_NAME.sub("_", incident.id)[:200]}, keep=False)
         self.handled[incident.id] = incident.status
         self.handled.move_to_end(incident.id)
         while len(self.handled) > self.settings.handled_max:
@@ -376,7 +408,8 @@ class IncidentMixin:
             root_cause=rc,
             mode=incident.mode,
             scene_dir=incident.scene_dir,
-            plan=incident.plan,
+            # While a person is paged for an action that goes on, the page says why.
+            plan=incident.shown_plan(),
             actions=[a.as_dict() for a in incident.actions],
             hints=list(hints),
         )

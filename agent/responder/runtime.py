@@ -125,11 +125,15 @@ class RuntimeMixin:
                 with contextlib.suppress(OSError):
                     f.unlink()
 
-    def load_body(self, params: Mapping[str, Any]) -> dict[str, Any]:
+    def body_path(self, params: Mapping[str, Any]) -> Path | None:
         ref = params.get("body_ref")
-        if not ref:
+        return self.body_dir / str(ref["file"]) if ref else None
+
+    def load_body(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        path = self.body_path(params)
+        if path is None:
             return dict(params["body"])  # a journal written before bodies were kept apart
-        path = self.body_dir / str(ref["file"])
+        ref = params["body_ref"]
         try:
             data = path.read_bytes()
         except OSError as e:

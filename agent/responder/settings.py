@@ -61,6 +61,14 @@ class ResponderSettings:
     node_conditions: bool | None = None
     # An action that failed temporarily is tried again after this long.
     retry_after_s: float = 10.0
+    # An action failing temporarily this long after its first retry (an API answering 5xx or 409 for
+    # good, a restart waiting on another incident's replacement) is escalated to a person: the
+    # incident is blocked and pages, and the action goes on being tried. An action with a deadline
+    # of its own (a deleted workload still terminating: `gone_deadline_s`) keeps that one.
+    retry_deadline_s: float = 1800.0
+    # The longest wait between two tries of an action whose tries back off (a restart past its
+    # delete whose replacement the cluster refuses: the delay doubles from `retry_after_s`).
+    retry_max_s: float = 600.0
     poll_ms: int = 100
     max_records: int = 100
     # Write report.{en,zh}.{md,html} into the scene directory when an incident settles.

@@ -4,7 +4,8 @@ An action runs against the incident's journal, never against the incident store 
 journal is the responder's adapter over the store (remediations do not import the agent), with
 the states as strings: planned, running, deleting, creating, done, skipped, failed. Each step is
 journalled *before* the cluster changes, so `run()` called again after a crash carries on from the
-state it finds. Failures are raised as the types of remediations.errors.
+state it finds. Failures are raised as the types of remediations.errors; an action whose journal is
+past a delete (deleting, creating) is never failed by the responder (its error is held and paged).
 """
 
 from __future__ import annotations
@@ -113,6 +114,11 @@ class Runtime(Protocol):
         ...
 
     def load_body(self, params: Mapping[str, Any]) -> dict[str, Any]: ...
+
+    def body_path(self, params: Mapping[str, Any]) -> Path | None:
+        """Where the full replacement body the journal refers to is kept (None: in the journal itself,
+        as written before bodies were kept apart)."""
+        ...
 
     def drop_body(self, params: Mapping[str, Any]) -> None: ...
 

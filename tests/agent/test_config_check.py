@@ -267,6 +267,8 @@ def test_every_responder_setting_is_in_the_remediate_group(name: str) -> None:
         ("gone_deadline_s", "600", 600.0),
         ("approval_poll_s", "0.5", 0.5),
         ("retry_after_s", "3", 3.0),
+        ("retry_deadline_s", "900", 900.0),
+        ("retry_max_s", "120", 120.0),
         ("poll_ms", "250", 250),
         ("max_records", "7", 7),
         ("reports", "false", False),

@@ -4,7 +4,9 @@ proven on kmock and the real control plane).
 
 `FakeKube` speaks the part of KubeOps the responder uses. Every call yields to the loop first, as a
 real API round trip does, so incidents handled side by side interleave at each call. Its knobs
-(`terminating`, `fail_create`) play the cluster's slow or odd moments.
+(`terminating`, `fail_delete`, `fail_create`, `fail_quarantine`) play the cluster's slow or odd
+moments. `PagesBus` keeps what the responder published on `trainmedic.incidents` (what the sinks
+page people with).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import Any
 from trainmedic.agent.bus.memory import MemoryBus
 from trainmedic.agent.responder import Responder, ResponderSettings
 from trainmedic.agent.store import ActionState, IncidentStore
-from trainmedic.events import DiagnosisEvent, JobRef, job_key
+from trainmedic.events import DiagnosisEvent, Event, IncidentEvent, JobRef, Topic, job_key
 from trainmedic.models import Chip, Diagnosis, FaultClass, Finding, I18nText, RootCause, Severity
 from trainmedic.remediations.kube import TAINT_EFFECT, TAINT_KEY, ConflictError, QuarantineResult
 from trainmedic.remediations.policy import Policy, parse_policy
@@ -88,6 +90,10 @@ class FakeKube:
     node_lists: list[dict[str, str]] = field(default_factory=list)
     # An error the API (or a layer under it) answers the next delete with, once.
     fail_delete: Exception | None = None
+    # An error every create is answered with while set (a ResourceQuota, an admission webhook, ...).
+    fail_create: Exception | None = None
+    # An error every quarantine (cordon, taint) is answered with while set (an API answering 5xx).
+    fail_quarantine: Exception | None = None
     # Node problems reported (node-problem-detector style): (node, fault class, incident).
     problems: list[tuple[str, str, str]] = field(default_factory=list)
     # Where the agent dies once: before_delete, after_delete, before_create, after_create.
@@ -139,6 +145,8 @@ class FakeKube:
 
     async def quarantine_node(self, name: str, *, incident_id: str, fault_class: Any, reason: str) -> QuarantineResult:
         await self._rtt()
+        if self.fail_quarantine is not None:
+            raise self.fail_quarantine
         n = self.nodes[name]
         taints = n["spec"].setdefault("taints", [])
         changed = not any(t["key"] == TAINT_KEY for t in taints)
@@ -207,6 +215,8 @@ class FakeKube:
     async def create_workload(self, body: Mapping[str, Any]) -> dict[str, Any]:
         await self._rtt()
         self._crash("before_create")
+        if self.fail_create is not None:
+            raise self.fail_create
         meta = body["metadata"]
         key = (str(body["kind"]), meta["namespace"], meta["name"])
         if key in self.workloads:
@@ -271,6 +281,19 @@ class FakeKube:
 
     async def remove_pod_finalizer(self, *args: Any) -> bool:
         return True
+
+
+class PagesBus(MemoryBus):
+    """A memory bus that keeps every incident state the responder published (what the sinks send)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.incidents: list[IncidentEvent] = []
+
+    async def publish(self, topic: str, event: Event) -> None:
+        if topic == Topic.INCIDENTS and isinstance(event.payload, IncidentEvent):
+            self.incidents.append(event.payload)
+        await super().publish(topic, event)
 
 
 class CrashingStore(IncidentStore):

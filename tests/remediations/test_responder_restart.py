@@ -1,15 +1,18 @@
-"""Restart from checkpoint on the journal: a deleted job always gets its replacement, the plan acts
-only on the job it was made for, and the lifetime cap of a lineage."""
+"""Restart from checkpoint on the journal: a deleted job always gets its replacement (a refusal past
+the delete holds the journal and its body, and pages), the plan acts only on the job it was made for
+(not one submitted since, nor one someone else is deleting), and the lifetime cap of a lineage."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
-from respfix import Crash, FakeKube, diagnosis, harness, job, node, pod, policy
+from respfix import Crash, FakeKube, Harness, PagesBus, diagnosis, harness, job, node, pod, policy
 
 from trainmedic.agent.store import ActionState, IncidentStatus
+from trainmedic.remediations.kube import KubeForbidden, KubeInvalid, PermanentKubeError
 
 pytestmark = pytest.mark.asyncio
 
@@ -306,3 +309,224 @@ async def test_a_body_saved_before_a_crash_is_removed_when_the_resumed_plan_ends
     ), incident.actions[0].result
     assert kube.deleted == [] and kube.created == []
     assert list((tmp_path / "restart-bodies").iterdir()) == []
+
+
+# Answers a create (or a delete sent again) may get once the job is deleted that no retry of the
+# same request fixes by itself; a person (or time) must change something first.
+REFUSALS = [
+    pytest.param(
+        KubeForbidden(
+            "create jobs train/llama: forbidden: exceeded quota: gpu-quota, requested: nvidia.com/gpu=8, "
+            "used: nvidia.com/gpu=60, limited: nvidia.com/gpu=64"
+        ),
+        id="quota-403",
+    ),
+    pytest.param(
+        KubeForbidden(
+            'create jobs train/llama: admission webhook "validate.kyverno.svc-fail" denied the request: '
+            "image registry not allowed"
+        ),
+        id="webhook-403",
+    ),
+    pytest.param(KubeInvalid("create jobs train/llama: invalid (422): spec.template: Invalid value"), id="invalid-422"),
+    pytest.param(
+        PermanentKubeError(
+            "unauthorized: create jobs train/llama: the API server rejected the agent's credentials", status=401
+        ),
+        id="unauthorized-401",
+    ),
+]
+
+
+def escalations(h: Harness, incident_id: str) -> list[dict[str, Any]]:
+    return [e for e in h.store.timeline(incident_id) if e["kind"] == "escalated"]
+
+
+@pytest.mark.parametrize("end", ["cleared", "by_hand"])
+@pytest.mark.parametrize("error", REFUSALS)
+@pytest.mark.looptime
+async def test_a_create_refused_after_the_delete_holds_the_journal_and_its_body(
+    tmp_path: Path, error: Exception, end: str
+) -> None:
+    """The job is deleted, then its replacement is refused: the incident is blocked and pages with the
+    saved body's path and the error, the journal stays at creating and is tried again with backoff,
+    and the body (the only full copy of the job's spec) stays until the job exists again."""
+    kube = cluster("llama")
+    kube.fail_create = error
+    clock = Clock()
+    bus = PagesBus()
+    h = harness(tmp_path, policy(actions=RESTART), kube, clock=clock, bus=bus)
+    incident = await h.handle(diagnosis("train", "llama", "gpu-0"))
+
+    assert ("Job", "train", "llama") not in kube.workloads and len(kube.deleted) == 1
+    assert incident.status is IncidentStatus.BLOCKED
+    (restart,) = incident.actions
+    assert restart.state is ActionState.CREATING
+    body = tmp_path / "restart-bodies" / restart.params["body_ref"]["file"]
+    assert body.is_file()
+    assert [i.id for i in h.store.unfinished()] == [incident.id]
+    [page] = escalations(h, incident.id)
+    assert page["detail"]["page"] is True and str(body) in page["detail"]["why"]
+    # What the sinks page a person with says where the spec is and what failed, in both languages.
+    assert bus.incidents[-1].status == "blocked"
+    blocked = (bus.incidents[-1].plan or {})["blocked"]
+    for lang in ("en", "zh"):
+        assert str(body) in blocked[lang] and str(error) in blocked[lang]
+
+    # Tried again later, with backoff: still held, still one page, the body still there.
+    first_delay = (restart.result or {})["retry_at"] - clock.t
+    clock.t += 3600
+    await h.responder._execute_again(incident.id)
+    again = h.store.get(incident.id)
+    assert again.status is IncidentStatus.BLOCKED and again.actions[0].state is ActionState.CREATING
+    assert (again.actions[0].result or {})["retry_at"] - clock.t == 2 * first_delay
+    assert body.is_file() and len(escalations(h, incident.id)) == 1 and kube.created == []
+
+    clock.t += 3600
+    if end == "cleared":
+        # The quota is raised, the webhook fixed, the token renewed: exactly one create, from the body.
+        kube.fail_create = None
+        await h.responder._execute_again(incident.id)
+        incident = h.store.get(incident.id)
+        assert incident.status is IncidentStatus.RESOLVED
+        [created] = kube.created
+        assert created["metadata"]["annotations"]["trainmedic.io/incident"] == incident.id
+        assert created["spec"]["template"]["spec"]["containers"][0]["env"][0]["value"] == "wandb-secret-value"
+    else:
+        # A person recreated the job from the file: it is left as it is and the journal ends.
+        kube.add(json.loads(body.read_text()) | {"metadata": {"namespace": "train", "name": "llama"}})
+        await h.responder._execute_again(incident.id)
+        incident = h.store.get(incident.id)
+        assert incident.status is IncidentStatus.FAILED
+        assert "recreated by someone else" in (incident.actions[0].result or {})["error"]
+        assert kube.created == []
+    assert h.store.unfinished() == []
+    assert not body.exists()
+
+
+@pytest.mark.looptime
+async def test_an_unreadable_body_after_the_delete_is_held_until_it_can_be_read(tmp_path: Path) -> None:
+    """The agent dies between the delete and the create and its saved body is damaged meanwhile: the
+    resumed journal pages and waits (the job is gone, nothing else holds its spec), and creates the
+    job once the file is whole again."""
+    kube = cluster("llama")
+    kube.crash_at = "before_create"
+    h = harness(tmp_path, policy(actions=RESTART), kube)
+    with pytest.raises(Crash):
+        await h.handle(diagnosis("train", "llama", "gpu-0"))
+    h.store.close()
+    [body] = (tmp_path / "restart-bodies").glob("*.json")
+    whole = body.read_bytes()
+    body.write_bytes(whole[: len(whole) // 2])
+
+    clock = Clock()
+    bus = PagesBus()
+    again = harness(tmp_path, policy(actions=RESTART), kube, clock=clock, bus=bus)
+    await again.responder.resume()
+    (incident,) = again.store.recent()
+    assert incident.status is IncidentStatus.BLOCKED
+    assert incident.actions[0].state is ActionState.CREATING
+    assert body.is_file() and kube.created == []
+    assert "does not match its journal checksum" in (bus.incidents[-1].plan or {})["blocked"]["en"]
+
+    body.write_bytes(whole)
+    clock.t += 60
+    await again.responder._execute_again(incident.id)
+    incident = again.store.get(incident.id)
+    assert incident.status is IncidentStatus.RESOLVED
+    assert len(kube.created) == 1 and not body.exists()
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        pytest.param(KubeForbidden("delete jobs train/llama: forbidden"), id="forbidden-403"),
+        pytest.param(PermanentKubeError("unauthorized: delete jobs train/llama", status=401), id="unauthorized-401"),
+    ],
+)
+@pytest.mark.looptime
+async def test_a_delete_refused_on_resume_after_an_earlier_delete_landed_carries_on(
+    tmp_path: Path, error: Exception
+) -> None:
+    """Killed right after its delete landed; the resumed delete is refused (a token rotated, a Role
+    edited): the original is gone all the same, so the journal carries on and creates the job."""
+    kube = cluster("llama")
+    kube.crash_at = "after_delete"
+    h = harness(tmp_path, policy(actions=RESTART), kube)
+    with pytest.raises(Crash):
+        await h.handle(diagnosis("train", "llama", "gpu-0"))
+    h.store.close()
+    kube.fail_delete = error
+
+    again = harness(tmp_path, policy(actions=RESTART), kube)
+    await again.responder.resume()
+    (incident,) = again.store.recent()
+    assert incident.status is IncidentStatus.RESOLVED, incident.actions[0].result
+    assert len(kube.created) == 1 and len(kube.deleted) == 1
+
+
+@pytest.mark.parametrize("submitted", ["by_hand", "by_another_incident"])
+@pytest.mark.looptime
+async def test_a_late_approval_of_a_plan_made_without_the_job_leaves_the_job_submitted_since(
+    tmp_path: Path, submitted: str
+) -> None:
+    """No job when the diagnosis was handled (deleted, or between another restart's delete and its
+    create); one appears before somebody approves: it is not the job the plan was made for."""
+    kube = cluster()
+    h = harness(tmp_path, policy(actions=RESTART, mode="approve"), kube)
+    incident = await h.handle(diagnosis("train", "llama", "gpu-0"))
+    assert incident.status is IncidentStatus.AWAITING_APPROVAL
+    annotations = {"trainmedic.io/incident": "d-train-llama-other"} if submitted == "by_another_incident" else {}
+    kube.add(job("train", "llama", **annotations))
+    h.store.approve(incident.id, by="sre")
+    await h.responder._execute_again(incident.id)
+
+    incident = h.store.get(incident.id)
+    assert kube.deleted == [] and kube.created == []
+    assert incident.status is IncidentStatus.OBSERVED
+    assert "was not there when this plan was made" in (incident.actions[0].result or {})["reason"]
+    assert any(e["kind"] == "stale" for e in h.store.timeline(incident.id))
+    # The plan said so: no workload when it was made.
+    assert incident.actions[0].params["identity"] == {"absent": True}
+
+
+@pytest.mark.parametrize(
+    ("mode", "deleted_when"),
+    [("enforce", "before_the_diagnosis"), ("approve", "before_the_approval")],
+)
+@pytest.mark.looptime
+async def test_a_job_someone_else_is_deleting_is_never_recreated(tmp_path: Path, mode: str, deleted_when: str) -> None:
+    """A user deletes the job with a foreground cascade: its pods die first, and their deaths are
+    the diagnosis. Recreating it would undo the user's delete: nothing is deleted or created."""
+    kube = cluster("llama")
+    key = ("Job", "train", "llama")
+
+    def user_deletes() -> None:
+        kube.workloads[key]["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:30Z"
+        kube.terminating.add(key)
+
+    if deleted_when == "before_the_diagnosis":
+        user_deletes()
+    h = harness(tmp_path, policy(actions=RESTART, mode=mode), kube, wait_gone_s=5)
+    incident = await h.handle(diagnosis("train", "llama", "gpu-0"))
+    if deleted_when == "before_the_approval":
+        assert incident.status is IncidentStatus.AWAITING_APPROVAL
+        user_deletes()
+        h.store.approve(incident.id, by="sre")
+        await h.responder._execute_again(incident.id)
+    # The user's delete completes; whatever trainmedic still carries on with runs once more.
+    kube.terminating.clear()
+    del kube.workloads[key]
+    await h.responder.poll_store()
+    await h.responder.drain()
+
+    incident = h.store.get(incident.id)
+    assert kube.deleted == [] and kube.created == []
+    assert incident.status is IncidentStatus.OBSERVED
+    assert h.store.unfinished() == []
+    if deleted_when == "before_the_diagnosis":
+        assert incident.plan is None
+        [note] = [e for e in h.store.timeline(incident.id) if e["kind"] == "terminating"]
+        assert note["detail"]["why"]["en"] and note["detail"]["why"]["zh"]
+    else:
+        assert "being deleted by someone else" in (incident.actions[0].result or {})["reason"]
