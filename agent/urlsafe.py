@@ -3,10 +3,12 @@ query, the path of a Slack or Feishu hook), and neither a log line nor `trainmed
 show them.
 
 `safe_url` keeps what identifies the receiver (scheme, host, port, the path up to the credential)
-and masks the rest; `redact_urls` does it for every URL in a text. `install_log_filters` puts a
-filter on the loggers that print request URLs (httpx at INFO, httpcore at DEBUG) and on
-trainmedic's notifier, so the records themselves are clean whatever handler (the agent's, a test's
-caplog, a site's) writes them.
+and masks the rest; `redact_urls` does it for every URL in a text. `redacting_handler` puts the
+filter on the handlers the agent installs when it sets up its logging (agent/run/supervise.py,
+the demo's --verbose), so every record they write is clean whichever module logged it;
+`install_log_filters` also puts it on the loggers that print request URLs (httpx at INFO, httpcore
+at DEBUG) and on trainmedic's notifier, outbox, API and Prometheus watcher, so those records are
+clean whatever handler (a test's caplog, a site's) writes them.
 """
 
 from __future__ import annotations
@@ -16,13 +18,13 @@ import re
 import traceback
 import urllib.parse
 
+from trainmedic.hookurls import hook_paths
+
 MASK = "<redacted>"
 _URL = re.compile(r"""[A-Za-z][A-Za-z0-9+.-]{1,15}://[^\s'"<>`]+""")
-# Hooks whose path is the credential: everything after the prefix goes.
-_HOOK_PATHS = re.compile(
-    r"^(?P<keep>/(?:services|workflows|triggers)/|/open-apis/bot/v2/hook/|/api/webhooks/|/hooks/|/hook/|/webhook/"
-    r"|/cgi-bin/webhook/send)(?P<rest>.*)$"
-)
+# Hooks whose path is the credential (trainmedic/hookurls.py, the table the scene's text redaction
+# shares): everything after the prefix goes, whatever the host.
+_HOOK_PATHS = re.compile(rf"^(?P<keep>{hook_paths()})(?P<rest>.*)$")
 # A path segment that looks like a token (long, or letters and digits mixed at some length).
 _TOKENISH = re.compile(r"^(?=[A-Za-z0-9_=-]{24,}$)|^(?=.{12,}$)(?=.*[0-9])(?=.*[A-Za-z])[A-Za-z0-9_=-]+$")
 
@@ -59,7 +61,8 @@ def redact_urls(text: str) -> str:
 
 
 class UrlRedactingFilter(logging.Filter):
-    """Rewrites a record's message (and its traceback) with its URLs made safe."""
+    """Rewrites a record's message (and its traceback and stack) with its URLs made safe. On a
+    logger it cleans that logger's own records; on a handler, every record the handler writes."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         try:
@@ -72,6 +75,8 @@ class UrlRedactingFilter(logging.Filter):
             record.args = None
         if record.exc_info and not record.exc_text:
             record.exc_text = redact_urls("".join(traceback.format_exception(*record.exc_info))).rstrip("\n")
+        if record.stack_info:
+            record.stack_info = redact_urls(record.stack_info)
         return True
 
 
@@ -88,6 +93,7 @@ LOGGERS = (
     "trainmedic.notify",
     "trainmedic.outbox",
     "trainmedic.api",
+    "trainmedic.watchers.metrics",
 )
 _FILTER = UrlRedactingFilter()
 
@@ -98,6 +104,16 @@ def install_log_filters() -> None:
         logger = logging.getLogger(name)
         if _FILTER not in logger.filters:
             logger.addFilter(_FILTER)
+
+
+def redacting_handler(handler: logging.Handler) -> logging.Handler:
+    """`handler` with the URL filter on it (idempotent), and the loggers of `LOGGERS` filtered too:
+    every record the agent's own logging writes has its URLs made safe, whichever logger it comes
+    from, and the libraries' records are clean for any other handler as well."""
+    if _FILTER not in handler.filters:
+        handler.addFilter(_FILTER)
+    install_log_filters()
+    return handler
 
 
 def redact_config(value: object) -> object:
@@ -111,4 +127,12 @@ def redact_config(value: object) -> object:
     return value
 
 
-__all__ = ["MASK", "UrlRedactingFilter", "install_log_filters", "redact_config", "redact_urls", "safe_url"]
+__all__ = [
+    "MASK",
+    "UrlRedactingFilter",
+    "install_log_filters",
+    "redact_config",
+    "redact_urls",
+    "redacting_handler",
+    "safe_url",
+]

@@ -92,21 +92,39 @@ class _State:
         return self.store
 
 
+# The fields of an incident that carry text from logs, the cluster or errors: the diagnosis (finding
+# texts are raw log lines), the plan, the approval's comment, the actions' params (a journal written
+# before bodies were kept apart may still hold a workload's env values) and results (error strings).
+_REDACTED_FIELDS = ("diagnosis", "plan", "approval", "actions")
+
+
 def _served(incident: Incident) -> dict[str, Any]:
-    """An incident as the API serves it: action parameters pass the scene's redaction once more (a
-    journal written before bodies were kept apart may still hold a workload's env values)."""
+    """An incident as the API serves it: every field that can carry log text or an error string
+    passes the scene's redaction (remediations/scene/redact.py), as the web console shows it
+    (agent/console/parts.py); the record in the store is left as it is. Blocking (the first call
+    builds the redactor): run in a worker thread."""
     from trainmedic.remediations.scene import redact_object
 
     out = incident.as_dict()
-    out["actions"] = [dict(a, params=redact_object(a.get("params") or {})) for a in out.get("actions") or []]
+    for name in _REDACTED_FIELDS:
+        if out.get(name) is not None:
+            out[name] = redact_object(out[name])
     return out
 
 
+def _served_list(store: IncidentStore, status: str | None, limit: int) -> list[dict[str, Any]]:
+    return [_served(i) for i in store.recent(status=status, limit=limit)]
+
+
 def _incident_detail(store: IncidentStore, incident_id: str) -> dict[str, Any] | None:
+    """One incident as served, with its timeline (each entry's detail redacted as the fields are)."""
+    from trainmedic.remediations.scene import redact_object
+
     incident = store.find(incident_id)
     if incident is None:
         return None
-    return dict(_served(incident), timeline=store.timeline(incident.id))
+    timeline = [dict(e, detail=redact_object(e.get("detail") or {})) for e in store.timeline(incident.id)]
+    return dict(_served(incident), timeline=timeline)
 
 
 def create_app(
@@ -275,8 +293,8 @@ def _incident_routes(app: FastAPI, state: _State, bearer: HTTPBearer) -> None:
         limit: int = Query(100, ge=1, le=MAX_LIST_LIMIT),
     ) -> IncidentList:
         s = state.need_store()
-        incidents = await asyncio.to_thread(s.recent, status=status.value if status else None, limit=limit)
-        return IncidentList(count=len(incidents), incidents=[IncidentOut.model_validate(_served(i)) for i in incidents])
+        incidents = await asyncio.to_thread(_served_list, s, status.value if status else None, limit)
+        return IncidentList(count=len(incidents), incidents=[IncidentOut.model_validate(i) for i in incidents])
 
     @app.get(
         f"{API_PREFIX}/incidents/{{incident_id}}",

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, TextIO
 
 from trainmedic.agent.demo.output import Lang, Progress, duration, text
 from trainmedic.agent.demo.scenario import FAULTS, FaultResult, Inspect, run_fault
+from trainmedic.agent.urlsafe import redacting_handler
 from trainmedic.errors import TrainmedicError
 
 if TYPE_CHECKING:
@@ -272,7 +273,7 @@ def main(
     level, propagate = logger.level, logger.propagate
     handler: logging.Handler | None = None
     if verbose:
-        handler = logging.StreamHandler(sys.stderr)
+        handler = redacting_handler(logging.StreamHandler(sys.stderr))
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
         logger.addHandler(handler)
         logger.setLevel(logging.INFO)

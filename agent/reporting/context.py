@@ -30,6 +30,7 @@ from trainmedic.agent.reporting.sections import (
 )
 from trainmedic.agent.reporting.values import CONTEXT_SCHEMA, _missing
 from trainmedic.agent.store import Incident, IncidentStore
+from trainmedic.remediations.scene import redact_object
 from trainmedic.reports.report import FORMATS, LANGS, ReportError, i18n, render_report
 
 # ------------------------------------------------------------------------------------------------
@@ -64,7 +65,9 @@ def report_context(store: IncidentStore, incident_id: str, *, now: float | None 
     findings, in_scene = _findings(incident, scene_findings)
     evidence = _evidence(findings, in_scene, rc, bundle)
     fault_time = _fault_time(incident, bundle, findings)
-    plan = incident.plan if isinstance(incident.plan, Mapping) else None
+    # While a person is paged for an action that goes on, `blocked` says why (Incident.shown_plan).
+    shown = incident.shown_plan()
+    plan = shown if isinstance(shown, Mapping) else None
     manifest = bundle.manifest or {}
     pods = [p for p in manifest.get("pods") or [] if isinstance(p, Mapping)]
     node_names: list[Any] = manifest["nodes"] if isinstance(manifest.get("nodes"), list) else []
@@ -108,7 +111,11 @@ def report_context(store: IncidentStore, incident_id: str, *, now: float | None 
         "missing": missing,
     }
     ctx["outcome"] = _outcome(incident, rc, plan, ctx["checkpoint"], ctx["where"], ctx["stacks"])
-    return ctx
+    # Log lines and error strings reach a report from the store's record too (finding texts when the
+    # bundle has none, action results, timeline details, a person's comment): every string passes the
+    # scene's redaction, as the API and the console serve them (a bundle's own lines already did).
+    redacted: dict[str, Any] = redact_object(ctx)
+    return redacted
 
 
 def render_incident(

@@ -15,6 +15,7 @@ from typing import Any
 
 from trainmedic.agent.config import Settings
 from trainmedic.agent.run.agent import Agent, SourceUnavailableError
+from trainmedic.agent.urlsafe import redacting_handler
 from trainmedic.backoff import Backoff
 
 log = logging.getLogger("trainmedic.run")
@@ -120,12 +121,17 @@ class JsonFormatter(logging.Formatter):
             "message": record.getMessage(),
         }
         if record.exc_info:
-            out["exception"] = self.formatException(record.exc_info)
+            # exc_text first: the URL filter leaves the traceback there with its URLs made safe.
+            out["exception"] = record.exc_text or self.formatException(record.exc_info)
         return json.dumps(out, ensure_ascii=False)
 
 
 def setup_logging(settings: Settings) -> None:
-    handler = logging.StreamHandler(sys.stderr)
+    """The agent's logging: one stderr handler on the root logger, in `settings.log_format` at
+    `settings.log_level`. The handler makes the URLs of every record it writes safe (user info,
+    query values, hook paths masked: agent/urlsafe.py), whichever logger the record comes from, so
+    a module that logs a URL with credentials (metrics.prometheus_url, a webhook) cannot leak them."""
+    handler = redacting_handler(logging.StreamHandler(sys.stderr))
     if settings.log_format == "json":
         handler.setFormatter(JsonFormatter())
     else:

@@ -42,6 +42,7 @@ from typing import Any, Protocol
 from trainmedic.agent.bus.base import Bus
 from trainmedic.agent.jobindex import JobIndex
 from trainmedic.agent.telemetry import Telemetry
+from trainmedic.agent.urlsafe import redact_urls, safe_url
 from trainmedic.backoff import backoff_delay
 from trainmedic.errors import TemporaryError
 from trainmedic.events import Event, JobRef, MetricBatch, MetricSample, Topic, make_event
@@ -195,6 +196,9 @@ class PrometheusSource:
         if interval_s <= 0:
             raise ValueError(f"interval_s must be > 0, got {interval_s}")
         self.url = url
+        # What logs and errors show: metrics.prometheus_url is where Prometheus credentials go
+        # (user:password@, a token in the query), and no log line may print them.
+        self.safe_url = safe_url(url)
         self.bus = bus
         self.job_index = job_index
         self.telemetry = telemetry or Telemetry()
@@ -242,12 +246,16 @@ class PrometheusSource:
                 self.failures += 1
                 delay = self.backoff(self.failures)
                 log.warning(
-                    "prometheus %s: %s (failure %d in a row, retrying in %.1fs)", self.url, e, self.failures, delay
+                    "prometheus %s: %s (failure %d in a row, retrying in %.1fs)",
+                    self.safe_url,
+                    e,
+                    self.failures,
+                    delay,
                 )
                 await asyncio.sleep(delay)
                 continue
             if self.failures:
-                log.info("prometheus %s answers again after %d failed polls", self.url, self.failures)
+                log.info("prometheus %s answers again after %d failed polls", self.safe_url, self.failures)
             self.failures = 0
             await asyncio.sleep(self.interval_s)
 
@@ -389,9 +397,9 @@ class PrometheusSource:
             # Not JSON: a proxy's error page, a wrong URL, binary garbage.
             error = PrometheusQueryError("bad_response", f"{what} query: the answer is not JSON ({_short(e)})")
         except requests.exceptions.Timeout as e:
-            error = PrometheusQueryError("timeout", f"{what} query timed out: {e}")
+            error = PrometheusQueryError("timeout", f"{what} query timed out: {_short(e)}")
         except requests.exceptions.ConnectionError as e:
-            error = PrometheusQueryError("unreachable", f"cannot connect to {self.url}: {_short(e)}")
+            error = PrometheusQueryError("unreachable", f"cannot connect to {self.safe_url}: {_short(e)}")
         except requests.exceptions.RequestException as e:
             error = PrometheusQueryError("unreachable", f"{what} query failed: {_short(e)}")
         except PrometheusApiClientException as e:
@@ -421,5 +429,6 @@ def _labels(raw: object) -> dict[str, str]:
 
 
 def _short(e: BaseException, limit: int = 300) -> str:
-    text = str(e).replace("\n", " ")
+    """An exception's text for a log line: one line, bounded, its URLs made safe."""
+    text = redact_urls(str(e).replace("\n", " "))
     return text if len(text) <= limit else text[:limit] + "..."

@@ -3,8 +3,12 @@
 Safe to hand around: env values in pod and workload specs are replaced unless the name only
 configures the job (RANK, MASTER_ADDR, NCCL_*, ...), last-applied-configuration annotations are
 dropped, and every text goes through one redaction pass (bearer tokens, Authorization headers, AWS
-keys, password= / token= / secret= values, private keys, URL credentials, JWTs, vendor tokens),
-counted per file.
+keys, password= / token= / secret= / SECRET_KEY= values, quoted ones whole, secret flags' values
+(`--password X`, `--hf_token 'X'`, and split in a printed list: `['--password', 'X']`), private
+keys, URL credentials, the credential part of chat webhook URLs (trainmedic/hookurls.py), JWTs,
+vendor tokens), counted per file. A flag or key naming a file that holds a secret
+(`--password-file PATH`) keeps its path. The API and the web console serve incidents through the
+same pass (docs/policy-and-actions.md lists the forms).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from functools import cache
 from typing import Any
 
 from trainmedic import hsdb
+from trainmedic.hookurls import any_host_hooks, any_host_literals, hook_hosts, hosted_hooks
 from trainmedic.remediations.scene.model import SceneSettings
 
 _hs = hsdb.hs
@@ -47,7 +52,34 @@ class _Branch:
     mask: str = MASK
 
 
-_KV_KEYS = r"(?:password|passwd|token|secret|api[_-]?key|access[_-]?key|private[_-]?key)"
+_KV_KEYS = r"(?:password|passwd|token|secret[_-]?key|secret|api[_-]?key|access[_-]?key|private[_-]?key)"
+_KV_TRIGGERS = (
+    "passw",
+    "token",
+    "secret",
+    "api_key",
+    "api-key",
+    "apikey",
+    "access_key",
+    "access-key",
+    "accesskey",
+    "private_key",
+    "private-key",
+    "privatekey",
+)
+
+# What a quoted value is: up to the closing quote (the group `q` caught the opening one) or the
+# line's end, and not a mask already there (a second pass leaves a redacted text as it is).
+_QUOTED = r"(?!<redacted)(?:(?!\\?(?P={q}))[^\r\n])+"
+
+
+def _value(q: str, bare: str) -> str:
+    """A value in quotes runs to its closing quote (or the line's end: `--password "two words"`),
+    else it is `bare`; `q` names the group that caught the opening quote. A quote escaped with a
+    backslash, as in a JSON log line (`password=\\"X\\"`), is a quote too, its backslash kept."""
+    return rf"(?({q}){_QUOTED.format(q=q)}|{bare})"
+
+
 _BRANCHES: tuple[_Branch, ...] = (
     _Branch(
         "pk",
@@ -73,40 +105,57 @@ _BRANCHES: tuple[_Branch, ...] = (
     ),
     _Branch("aws", r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b", r"\b(?:AKIA|ASIA)[0-9A-Z]{16}", ("akia", "asia")),
     _Branch(
+        # `password=X`, `SECRET_KEY: X`, `"client_secret": "X"`, `--api-key="X Y"`.
         "kv",
-        r"""(?P<k_kv>(?i:""" + _KV_KEYS + r""")["']?[ \t]*[=:][ \t]*["']?)[^\s"',;&<]+""",
-        _KV_KEYS + r"""["']?[ \t]*[=:][ \t]*["']?[^\s"',;&<]""",
-        (
-            "passw",
-            "token",
-            "secret",
-            "api_key",
-            "api-key",
-            "apikey",
-            "access_key",
-            "access-key",
-            "accesskey",
-            "private_key",
-            "private-key",
-            "privatekey",
-        ),
+        r"""(?P<k_kv>(?i:"""
+        + _KV_KEYS
+        + r""")\\?["']?[ \t]*[=:][ \t]*\\?(?P<q_kv>["'])?)"""
+        + _value("q_kv", r"""[^\s"',;&<]+"""),
+        _KV_KEYS + r"""\\?["']?[ \t]*[=:][ \t]*[^\s,;&<]""",
+        _KV_TRIGGERS,
         caseless=True,
     ),
     _Branch(
-        # `--password X`, `--api-key X`, `--hf_token X`: a secret-named flag and its value after a space.
+        # `--password X`, `--api-key X`, `--hf_token 'X'`, `--secret-key "X"`: a secret-named flag and
+        # its value after a space (a bare value starting with `-` is the next flag, not a value).
         "flag",
-        r"""(?P<k_flag>(?<![A-Za-z0-9])--?(?:[A-Za-z0-9]+[_-])*(?i:""" + _KV_KEYS + r""")[ \t]+)"""
-        r"""[^\s"',;&<-][^\s"',;&<]*""",
-        r"""--?(?:[a-z0-9]+[_-])*""" + _KV_KEYS + r"""[ \t]+[^\s"',;&<-]""",
-        ("passw", "token", "secret", "api_key", "api-key", "apikey", "access_key", "access-key", "private_key"),
+        r"""(?P<k_flag>(?<![A-Za-z0-9])--?(?:[A-Za-z0-9]+[_-])*(?i:"""
+        + _KV_KEYS
+        + r""")[ \t]+\\?(?P<q_flag>["'])?)"""
+        + _value("q_flag", r"""[^\s"',;&<-][^\s"',;&<]*"""),
+        r"""--?(?:[a-z0-9]+[_-])*""" + _KV_KEYS + r"""[ \t]+[^\s,;&<]""",
+        _KV_TRIGGERS,
         caseless=True,
     ),
     _Branch(
-        # Slack incoming-webhook and workflow URLs: the path is the credential.
-        "slack",
-        r"""(?P<k_slack>hooks\.slack\.com/(?:services|workflows|triggers)/)[^\s"'<>]+""",
-        r"""hooks\.slack\.com/(?:services|workflows|triggers)/[^\s"'<>]""",
-        ("hooks.slack.com",),
+        # An argument list printed as text, the flag and its value split in two:
+        # `['--password', 'X']` (Python's repr, as CalledProcessError prints a command), `["--secret-key", "X"]`.
+        "argv",
+        r"""(?P<k_argv>["']--?(?:[A-Za-z0-9]+[_-])*(?i:"""
+        + _KV_KEYS
+        + r""")\\?["'][ \t]*,[ \t]*\\?(?P<q_argv>["']))"""
+        + _QUOTED.format(q="q_argv"),
+        r"""["']--?(?:[a-z0-9]+[_-])*""" + _KV_KEYS + r"""\\?["'][ \t]*,[ \t]*\\?["']""",
+        _KV_TRIGGERS,
+        caseless=True,
+    ),
+    _Branch(
+        # Chat webhooks of known hosts whose URL is the credential (Slack, Feishu/Lark, Discord,
+        # WeCom's ?key=, DingTalk's ?access_token=): trainmedic/hookurls.py, the table agent/urlsafe.py
+        # masks settings and log records with.
+        "hook",
+        r"""(?P<k_hook>(?i:""" + hosted_hooks() + r"""))[^\s"'<>]+""",
+        r"""(?:""" + hosted_hooks() + r""")[^\s"'<>]""",
+        hook_hosts(),
+        caseless=True,
+    ),
+    _Branch(
+        # The same for a hook path of any host right after the host: `https://chat.example/hooks/<key>`.
+        "hookpath",
+        r"""(?P<k_hookpath>(?:(?<=://)|(?<=@))[A-Za-z0-9.-]+(?::[0-9]+)?(?i:""" + any_host_hooks() + r"""))"""
+        r"""[^\s"'<>]+""",
+        r"""[a-z0-9.-](?::[0-9]+)?(?:""" + any_host_hooks() + r""")[^\s"'<>]""",
+        any_host_literals(),
         caseless=True,
     ),
     _Branch(

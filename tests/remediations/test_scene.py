@@ -394,6 +394,40 @@ SECRETS = [
         "posting to https://hooks.slack.com/services/{s} failed",
         "T0000000/B0000000/XXXXXXXXXXXXXXXXXXXXXXXX",
     ),
+    # Quoted values run to the closing quote.
+    ("password-flag-double-quoted", 'python train.py --password "{s}" --lr 3e-4', "correct horse battery"),
+    ("token-flag-single-quoted", "torchrun train.py --hf_token '{s}' --bf16", "hf_abc"),
+    ("api-key-equals-quoted", 'wandb login --api-key="{s}"', "0123456789abcdef0123"),
+    # A flag and its value split in two, printed as a list: Python's repr (CalledProcessError), JSON.
+    (
+        "argv-single-quoted",
+        "Command '['python', 'train.py', '--password', '{s}']' returned non-zero exit status 1.",
+        "hunter2hunter2",
+    ),
+    ("argv-double-quoted", 'args: ["--hf_token", "{s}", "--bf16"]', "hf_short_value_1"),
+    # SECRET_KEY and --secret-key, in all three forms.
+    ("secret-key-env", "SECRET_KEY={s} python manage.py runserver", "django-insecure-abc123"),
+    ("secret-key-flag", "python app.py --secret-key {s} --debug", "s3cr3t-k3y-v4lue"),
+    ("secret-key-argv", 'command: ["python", "app.py", "--secret-key", "{s}"]', "s3cr3t-k3y-v4lue"),
+    # Chat webhooks whose URL is the credential (trainmedic/hookurls.py).
+    (
+        "feishu-hook",
+        "POST https://open.feishu.cn/open-apis/bot/v2/hook/{s} failed: 502",
+        "0a1b2c3d-4e5f-6789-abcd-ef0123456789",
+    ),
+    (
+        "lark-hook",
+        "notify https://open.larksuite.com/open-apis/bot/v2/hook/{s}",
+        "9f8e7d6c-5b4a-3210-fedc-ba9876543210",
+    ),
+    (
+        "wecom-hook",
+        "POST https://qyapi.weixin.qq.com/cgi-bin/webhook/send?key={s} timed out",
+        "693a91f6-7f0e-4bc4-97a0-0ec2f1fa5aaa",
+    ),
+    ("discord-hook", "webhook https://discord.com/api/webhooks/{s} 429", "123456789012345678/AbCdEfGhIjKlMnOpQrStUvWx"),
+    ("dingtalk-hook", "POST https://oapi.dingtalk.com/robot/send?access_token={s}", "abcdef0123456789abcdef01"),
+    ("any-host-hook", "mattermost https://chat.example.com:8065/hooks/{s} answered 403", "xoq7k3bz9yfgmc4h"),
 ]
 
 
@@ -508,14 +542,52 @@ def test_redact_text_is_the_bundle_pass(shape: str, template: str, secret: str) 
     assert secret not in text and n == 1
 
 
-def test_ordinary_training_lines_are_left_alone() -> None:
-    text = "\n".join(
-        [
-            "[rank0]: step 10 tokens/s 4521 max_new_tokens=512 pad_token_id=0",
-            "saving to s3://bucket/ckpt/step-100 via https://minio.local:9000/bucket",
-            "torch.distributed: key-value store at 10.0.0.1:29500",
-        ]
-    )
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        # A quoted value goes whole, its quotes (escaped ones too, as in a JSON log line) kept.
+        ('--api-key="two words" --lr 1', '--api-key="<redacted>" --lr 1'),
+        ('--password "it\'s" --lr 1', '--password "<redacted>" --lr 1'),
+        ('{"msg": "login with password=\\"hunter2\\" ok"}', '{"msg": "login with password=\\"<redacted>\\" ok"}'),
+        ("['--password', \"it's\"]", "['--password', \"<redacted>\"]"),
+        ("--secret_key=abc SECRET_KEY: 'abc'", "--secret_key=<redacted> SECRET_KEY: '<redacted>'"),
+        # A hook keeps what names the receiver: host, path up to the credential, WeCom's ?key=.
+        (
+            "https://u:pw@chat.example.com:8065/hooks/abc",
+            "https://<redacted>@chat.example.com:8065/hooks/<redacted>",
+        ),
+        ("https://ptb.discord.com/api/v10/webhooks/1/tok", "https://ptb.discord.com/api/v10/webhooks/<redacted>"),
+        ("qyapi.weixin.qq.com/cgi-bin/webhook/send?key=k3y", "qyapi.weixin.qq.com/cgi-bin/webhook/send?key=<redacted>"),
+    ],
+)
+def test_redaction_keeps_the_shape_of_the_line(text: str, expected: str) -> None:
+    assert redact_text(text)[0] == expected
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "[rank0]: step 10 tokens/s 4521 max_new_tokens=512 pad_token_id=0",
+        "saving to s3://bucket/ckpt/step-100 via https://minio.local:9000/bucket",
+        "torch.distributed: key-value store at 10.0.0.1:29500",
+        # A flag or key that names a file holding the secret keeps its path (the path is no secret).
+        "python train.py --password-file /etc/trainer/pw --lr 3e-4",
+        "--token-file /run/secrets/hf api_key_file=/run/secrets/wandb",
+        "['python', 'train.py', '--password-file', '/etc/trainer/pw']",
+        # Words that only contain a secret's name.
+        "keyboard interrupt; monkey=3 tokenizer: llama secretary=bob",
+        # A secret flag without a value (the next flag is not its value); an argument list without secrets.
+        "python train.py --password --lr 3e-4",
+        "Command '['python', 'train.py', '--lr', '3e-4']' returned non-zero exit status 1.",
+        # Hook-like paths that are not a hook URL's own path.
+        "/usr/lib/python3/site-packages/torch/utils/hooks/__init__.py",
+        "GET https://api.github.com/repos/org/repo/hooks/12345",
+        # What a redaction left: a second pass changes nothing.
+        "password=<redacted> --password \"<redacted>\" ['--password', '<redacted>']",
+        "https://hooks.slack.com/services/<redacted> https://discord.com/api/webhooks/<redacted>",
+    ],
+)
+def test_ordinary_training_lines_are_left_alone(text: str) -> None:
     assert redact_text(text) == (text, 0)
 
 
@@ -817,6 +889,8 @@ async def test_scene_of_a_hung_job_on_the_emulated_cluster(tmp_path: Path, kube:
         (["--password", "hunter2hunter2"], "hunter2hunter2"),
         (["-api-key", "0123456789abcdef"], "0123456789abcdef"),
         (["--WANDB_API_KEY", "abcdefabcdef"], "abcdefabcdef"),
+        (["--secret-key", "s3cr3t-k3y-v4lue", "--debug"], "s3cr3t-k3y-v4lue"),
+        (["--secret_key", "s3cr3t-k3y-v4lue"], "s3cr3t-k3y-v4lue"),
     ],
 )
 @pytest.mark.asyncio

@@ -37,7 +37,7 @@ from trainmedic.agent.bus.memory import MemoryBus
 from trainmedic.agent.cli import main as cli_main
 from trainmedic.agent.config import ApiSettings, load_settings
 from trainmedic.agent.jobindex import JobIndex
-from trainmedic.agent.store import IncidentStatus, IncidentStore
+from trainmedic.agent.store import ActionState, IncidentStatus, IncidentStore
 from trainmedic.agent.telemetry import Telemetry
 from trainmedic.detectors.correlator import correlate
 from trainmedic.detectors.diagnose import make_engine
@@ -1315,6 +1315,89 @@ async def test_an_old_journal_with_env_values_is_served_redacted(engine: Engine,
     assert r.status_code == 200
     assert "wandb-secret-value" not in r.text and "hf_secretvalue" not in r.text
     assert "WANDB_API_KEY" in r.text
+
+
+# A log line with two secrets: a password and a chat webhook whose URL path is its token.
+LEAKY_PASSWORD = "hunter2hunter2"
+LEAKY_HOOK_TOKEN = "0a1b2c3d-hooktoken-4e5f"
+LEAKY_LINE = (
+    f"login failed with password={LEAKY_PASSWORD}; "
+    f"paging https://open.feishu.cn/open-apis/bot/v2/hook/{LEAKY_HOOK_TOKEN} next"
+)
+
+
+def _leaky_store(path: Path, where: str) -> IncidentStore:
+    """An incident whose `where` (a finding's raw log line, an action's error, a timeline detail, a
+    person's comment) holds LEAKY_LINE."""
+    s = IncidentStore(path, clock=Clock())
+    iid = "1eaky000"
+    finding = {"rule_id": "app.auth", "code": "auth", "text": LEAKY_LINE if where == "finding" else "login failed"}
+    s.open_incident(iid, key="job:train/llama", diagnosis={"findings": [finding]}, revision=1, namespace="train")
+    s.set_plan(
+        iid, {"actions": ["restart_from_checkpoint"]}, "approve", [("restart_from_checkpoint", {"job": "llama"})]
+    )
+    s.set_status(iid, IncidentStatus.AWAITING_APPROVAL)
+    if where == "action-result":
+        s.update_action(iid, 0, ActionState.FAILED, result={"error": LEAKY_LINE})
+    elif where == "timeline":
+        s.note(iid, "action_error", {"error": LEAKY_LINE})
+    elif where == "approval":
+        s.approve(iid, by="alice", approve=False, comment=LEAKY_LINE)
+    return s
+
+
+@pytest.mark.parametrize(
+    ("where", "path"),
+    [
+        ("finding", "/api/v1/incidents"),
+        ("finding", "/api/v1/incidents/1eaky000"),
+        ("action-result", "/api/v1/incidents"),
+        ("action-result", "/api/v1/incidents/1eaky000"),
+        # The list has no approvals and no timelines.
+        ("approval", "/api/v1/incidents/1eaky000"),
+        ("timeline", "/api/v1/incidents/1eaky000"),
+    ],
+)
+@pytest.mark.asyncio
+async def test_log_text_and_errors_are_served_redacted(engine: Engine, tmp_path: Path, where: str, path: str) -> None:
+    """Finding texts (raw log lines), action results, comments and timeline details are served with
+    the scene's redaction, as the console shows them; the stored record keeps the line."""
+    s = _leaky_store(tmp_path / "leaky.db", where)
+    settings = ApiSettings(token=TOKEN, read_auth=True)
+    try:
+        async with client(make_app(engine, s, settings=settings)) as c:
+            r = await c.get(path)
+        assert r.status_code == 200, r.text
+        assert LEAKY_PASSWORD not in r.text and LEAKY_HOOK_TOKEN not in r.text
+        # The line itself is served, its secrets masked.
+        assert "password=<redacted>" in r.text
+        assert "open.feishu.cn/open-apis/bot/v2/hook/<redacted>" in r.text
+        assert LEAKY_PASSWORD in json.dumps(s.get("1eaky000").as_dict()) + json.dumps(s.timeline("1eaky000"))
+    finally:
+        s.close()
+
+
+@pytest.mark.parametrize("fmt", ["md", "html"])
+@pytest.mark.parametrize("where", ["finding", "action-result", "approval", "timeline"])
+@pytest.mark.asyncio
+async def test_reports_served_by_the_api_are_redacted(engine: Engine, tmp_path: Path, where: str, fmt: str) -> None:
+    """The report the API renders (no scene bundle: the evidence is the finding as the diagnosis
+    recorded it) shows the log line and the error with their secrets masked."""
+    from trainmedic.agent.reporting import render_incident
+
+    s = _leaky_store(tmp_path / "leaky.db", where)
+
+    def render(incident_id: str, f: str, lang: str) -> str:
+        return render_incident(s, incident_id, fmt=f, lang=lang)
+
+    try:
+        async with client(make_app(engine, s, render=render)) as c:
+            r = await c.get(f"/api/v1/incidents/1eaky000/report?format={fmt}")
+        assert r.status_code == 200, r.text
+        assert LEAKY_PASSWORD not in r.text and LEAKY_HOOK_TOKEN not in r.text
+        assert "open.feishu.cn/open-apis/bot/v2/hook/" in r.text
+    finally:
+        s.close()
 
 
 @pytest.mark.parametrize("via", ["api", "console"])
