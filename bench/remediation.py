@@ -75,8 +75,9 @@ from trainmedic.remediations.kube import KubeOps  # noqa: E402
 from trainmedic.remediations.scene import SceneInputs, SceneSettings, save_scene  # noqa: E402
 from trainmedic.remediations.stacks import ExecResult  # noqa: E402
 
-GOAL_DIAGNOSIS_TO_RESCHEDULE_P99_MS = 300
-GOAL_SCENE_BUNDLE_64_PODS_S = 2.0
+# The goals the remediation core is held to (the figures it had before its actions were split out).
+GOAL_DIAGNOSIS_TO_RESCHEDULE_P99_MS = 200
+GOAL_SCENE_BUNDLE_64_PODS_S = 1.5
 GOAL_DIAGNOSIS_TO_WEBHOOK_P99_MS = 200.0
 
 SHIPPED_POLICY = ROOT / "remediations" / "policy.yaml"
